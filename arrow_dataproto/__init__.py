@@ -1,0 +1,43 @@
+"""arrow-dataproto: move RL training batches between processes, machines and files as Arrow.
+
+Public API::
+
+    DataProto, DataProtoItem                   the batch container (verl-compatible)
+    to_arrow, from_arrow, to_ipc, from_ipc     the codec
+    receive_options, set_receive_options       what an unpickled DataProto copies and where it goes
+    DataProtoError and its subclasses          every error the library raises
+"""
+
+from .codec import FORMAT_VERSION, from_arrow, from_ipc, to_arrow, to_ipc
+from .errors import (
+    DataProtoError,
+    DecodeError,
+    EncodeError,
+    FormatVersionError,
+    PickleNotAllowedError,
+    SchemaMismatchError,
+)
+from .pickling import ReceiveOptions, get_receive_options, receive_options, set_receive_options
+from .protocol import DataProto, DataProtoItem
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DataProto",
+    "DataProtoItem",
+    "to_arrow",
+    "from_arrow",
+    "to_ipc",
+    "from_ipc",
+    "FORMAT_VERSION",
+    "ReceiveOptions",
+    "get_receive_options",
+    "receive_options",
+    "set_receive_options",
+    "DataProtoError",
+    "DecodeError",
+    "EncodeError",
+    "FormatVersionError",
+    "PickleNotAllowedError",
+    "SchemaMismatchError",
+]

@@ -1,0 +1,42 @@
+"""The exceptions arrow-dataproto raises.
+
+Every error the library raises on purpose derives from :class:`DataProtoError`, so
+``except arrow_dataproto.DataProtoError`` catches all of them. Each one also derives
+from the closest built-in (``ValueError`` or ``TypeError``) so that existing handlers
+keep working.
+"""
+
+from __future__ import annotations
+
+
+class DataProtoError(Exception):
+    """Base class of every error raised by arrow-dataproto."""
+
+
+class EncodeError(DataProtoError, TypeError):
+    """A value cannot be encoded (unsupported dtype, layout or batch shape)."""
+
+
+class DecodeError(DataProtoError, ValueError):
+    """Bytes, a file or a RecordBatch are not a valid arrow-dataproto payload.
+
+    Raised for truncated or corrupted input, a schema whose metadata is missing or
+    inconsistent, or buffers too small for the shapes they claim to hold.
+    """
+
+
+class FormatVersionError(DecodeError):
+    """The payload was written by an incompatible (newer major) format version."""
+
+
+class PickleNotAllowedError(DecodeError):
+    """The payload holds pickled values and the caller did not pass ``allow_pickle=True``."""
+
+
+class SchemaMismatchError(DataProtoError, ValueError):
+    """A batch does not match the schema of the file or batches it is combined with."""
+
+
+def column_error(cls: type[DataProtoError], column: str, message: str) -> DataProtoError:
+    """Build ``cls`` with a message that names the column it concerns."""
+    return cls(f"column {column!r}: {message}")

@@ -1,0 +1,290 @@
+"""One torch tensor <-> one Arrow column, without copying the bytes.
+
+Three column kinds, each recorded as ``adp.kind`` in the field's metadata:
+
+``tensor``
+    A dense tensor ``[B, d1..dn]``. ``n == 0``: a primitive column of ``B``
+    values; otherwise an ``arrow.fixed_shape_tensor`` of shape ``[d1..dn]``.
+``jagged``
+    A ``torch.nested`` tensor with ``layout=torch.jagged`` and ragged dimension
+    ``ragged_idx``: a ``large_list`` column whose int64 offsets are the nested
+    tensor's own offsets and whose child holds its values, ragged dimension
+    first, the other dimensions flattened into a ``fixed_size_list`` element.
+``strided``
+    A ``torch.nested`` tensor with the strided layout (rows of any shape): a
+    ``struct<data: large_list<T>, shape: fixed_size_list<int64>[ndim]>``.
+
+Encoding copies nothing for a contiguous CPU tensor: the Arrow buffer is a view
+of the tensor's memory and keeps the tensor alive. Non-contiguous tensors,
+nested tensors with holes, and jagged tensors whose ragged dimension is not
+outermost in memory are made contiguous first (one copy of that column).
+A view into a larger storage exports only its own bytes. Tensors on another
+device are copied to the CPU.
+
+Decoding validates every length and offset against the buffers present, then
+returns tensors that view the Arrow buffers (zero-copy) on the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pyarrow as pa
+import torch
+
+from .dtypes import STORAGE, Storage, dtype_from_name, dtype_name, storage_of
+from .errors import DecodeError, EncodeError, column_error
+
+KIND = "adp.kind"
+DTYPE = "adp.dtype"
+SHAPE = "adp.shape"
+RAGGED_IDX = "adp.ragged_idx"
+DEVICE = "adp.device"
+
+TENSOR_KINDS = ("tensor", "jagged", "strided")
+
+
+# ---------------------------------------------------------------- encode
+
+
+def _buffer(t: torch.Tensor) -> pa.Buffer:
+    """A zero-copy Arrow buffer over a contiguous CPU tensor's bytes (keeps ``t`` alive)."""
+    nbytes = t.numel() * t.element_size()
+    if nbytes == 0:
+        return pa.py_buffer(b"")
+    return pa.foreign_buffer(t.data_ptr(), nbytes, base=t)
+
+
+def _flat_values(t: torch.Tensor, storage: Storage, element_shape: tuple[int, ...]) -> pa.Array:
+    """The values of a contiguous tensor as a flat Arrow array, one element per row of ``t``.
+
+    An element is ``element_shape`` values (times 2 for complex); a non-scalar
+    element becomes a plain ``fixed_size_list``.
+    """
+    width = math.prod(element_shape) * storage.pair
+    count = t.numel() * storage.pair
+    value_type = storage.arrow_type
+    raw_type = value_type.storage_type if isinstance(value_type, pa.BaseExtensionType) else value_type
+    values = pa.Array.from_buffers(raw_type, count, [None, _buffer(t)])
+    if raw_type is not value_type:
+        values = pa.ExtensionArray.from_storage(value_type, values)
+    if element_shape == () and storage.pair == 1:
+        return values
+    return pa.FixedSizeListArray.from_arrays(values, width)
+
+
+def _prepare(t: torch.Tensor) -> torch.Tensor:
+    """Detached, on the CPU, with lazy conj/neg bits resolved (copies only if needed)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    return t.resolve_conj().resolve_neg()
+
+
+def encode_tensor(name: str, t: torch.Tensor) -> tuple[pa.Array, dict[str, str]]:
+    """Encode one TensorDict leaf as an Arrow column and its field metadata.
+
+    Raises :class:`EncodeError` for an unsupported dtype, layout or device.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise column_error(EncodeError, name, f"expected a torch.Tensor, got {type(t).__name__}")
+    if t.device.type == "meta":
+        raise column_error(EncodeError, name, "tensors on the meta device hold no data")
+    storage = storage_of(t.dtype, name)
+    meta = {DTYPE: dtype_name(t.dtype), DEVICE: str(t.device)}
+    if t.is_nested and t.layout == torch.jagged:
+        array, extra = _encode_jagged(t, storage)
+    elif t.is_nested:
+        array, extra = _encode_strided(name, t, storage)
+    elif t.layout != torch.strided:
+        raise column_error(EncodeError, name, f"layout {t.layout} is not supported (use dense or nested)")
+    elif t.dim() == 0:
+        raise column_error(EncodeError, name, "a 0-d tensor has no batch dimension")
+    else:
+        array, extra = _encode_dense(t, storage)
+    meta.update(extra)
+    return array, meta
+
+
+def _encode_dense(t: torch.Tensor, storage: Storage) -> tuple[pa.Array, dict[str, str]]:
+    t = _prepare(t).contiguous()
+    row_shape = list(t.shape[1:])
+    meta = {KIND: "tensor", SHAPE: json.dumps(row_shape)}
+    if not row_shape and storage.pair == 1:
+        return _flat_values(t, storage, ()), meta
+    tensor_type = pa.fixed_shape_tensor(storage.arrow_type, row_shape + [2] * (storage.pair == 2))
+    return pa.ExtensionArray.from_storage(tensor_type, _flat_values(t, storage, tuple(row_shape))), meta
+
+
+def _encode_jagged(t: torch.Tensor, storage: Storage) -> tuple[pa.Array, dict[str, str]]:
+    if t.lengths() is not None:  # holes between rows: compact them (a copy)
+        t = t.contiguous()
+    ragged_idx = t._ragged_idx
+    values = _prepare(t.values()).movedim(ragged_idx - 1, 0)
+    offsets = _prepare(t.offsets()).to(torch.int64)
+    start, end = int(offsets[0]), int(offsets[-1])
+    if start != 0 or end != values.shape[0]:  # export only this tensor's rows
+        values = values[start:end]
+        offsets = offsets - start
+    values = values.contiguous()
+    offsets = offsets.contiguous()
+    element_shape = tuple(values.shape[1:])
+    child = _flat_values(values, storage, element_shape)
+    array = pa.Array.from_buffers(
+        pa.large_list(child.type), offsets.numel() - 1, [None, _buffer(offsets)], children=[child]
+    )
+    row_shape = [None if i == ragged_idx - 1 else n for i, n in enumerate(t.shape[1:])]
+    meta = {KIND: "jagged", SHAPE: json.dumps(row_shape), RAGGED_IDX: str(ragged_idx)}
+    return array, meta
+
+
+def _encode_strided(name: str, t: torch.Tensor, storage: Storage) -> tuple[pa.Array, dict[str, str]]:
+    t = _prepare(t)
+    if not t.is_contiguous():
+        t = t.contiguous()
+    sizes = t._nested_tensor_size().contiguous()
+    if sizes.dim() != 2:
+        raise column_error(EncodeError, name, "a strided nested tensor needs rows of at least one dimension")
+    counts = sizes.prod(dim=1)
+    offsets = torch.zeros(len(counts) + 1, dtype=torch.int64)
+    torch.cumsum(counts, 0, out=offsets[1:])
+    values = _flat_values(t.values()[: int(offsets[-1])].contiguous(), storage, ())
+    ndim = sizes.shape[1]
+    data = pa.Array.from_buffers(pa.large_list(values.type), len(counts), [None, _buffer(offsets)], children=[values])
+    shape = pa.FixedSizeListArray.from_arrays(
+        pa.Array.from_buffers(pa.int64(), sizes.numel(), [None, _buffer(sizes)]), ndim
+    )
+    array = pa.StructArray.from_arrays([data, shape], names=["data", "shape"])
+    return array, {KIND: "strided", SHAPE: json.dumps([None] * ndim)}
+
+
+# ---------------------------------------------------------------- decode
+
+
+def _fail(name: str, message: str) -> DecodeError:
+    return column_error(DecodeError, name, message)
+
+
+def _no_nulls(name: str, array: pa.Array) -> None:
+    if array.null_count:
+        raise _fail(name, f"{array.null_count} null values in a tensor column")
+
+
+def _primitive_tensor(name: str, array: pa.Array, storage: Storage) -> torch.Tensor:
+    """A 1-D tensor viewing a primitive (or bool8) Arrow array's values, in the storage dtype."""
+    if isinstance(array.type, pa.BaseExtensionType):
+        array = array.storage
+    _no_nulls(name, array)
+    expected = storage.arrow_type
+    if isinstance(expected, pa.BaseExtensionType):
+        expected = expected.storage_type
+    if array.type != expected:
+        raise _fail(name, f"values of type {array.type}, expected {expected}")
+    return torch.from_dlpack(array)
+
+
+def _elements(name: str, child: pa.Array, storage: Storage, dtype: torch.dtype, element_shape: list[int]) -> torch.Tensor:
+    """View a flat child array (scalars or fixed_size_list elements) as ``[n, *element_shape]`` of ``dtype``."""
+    width = math.prod(element_shape) * storage.pair
+    if element_shape == [] and storage.pair == 1:
+        flat = child
+    else:
+        if not pa.types.is_fixed_size_list(child.type) or child.type.list_size != width:
+            raise _fail(name, f"elements of type {child.type}, expected fixed_size_list of {width}")
+        _no_nulls(name, child)
+        flat = child.flatten()
+    values = _primitive_tensor(name, flat, storage)
+    if storage.torch_view != dtype:
+        values = values.view(dtype)
+    return values.view(len(child), *element_shape)
+
+
+def decode_tensor(name: str, array: pa.Array, meta: dict[str, str]) -> torch.Tensor:
+    """Rebuild the tensor of one column on the CPU, viewing the Arrow buffers.
+
+    Raises :class:`DecodeError` (naming the column) when the metadata and the
+    array disagree, the column has nulls, or an offset/shape points outside the
+    buffers present.
+    """
+    try:
+        kind = meta[KIND]
+        dtype = dtype_from_name(meta[DTYPE], name)
+        shape = json.loads(meta[SHAPE])
+    except KeyError as e:
+        raise _fail(name, f"missing metadata key {e.args[0]!r}") from None
+    except ValueError as e:
+        raise _fail(name, f"malformed shape metadata: {e}") from None
+    if not isinstance(shape, list) or not all(n is None or (isinstance(n, int) and n >= 0) for n in shape):
+        raise _fail(name, f"malformed shape metadata {meta[SHAPE]!r}")
+    storage = STORAGE[dtype]
+    _no_nulls(name, array)
+    if kind == "tensor":
+        return _decode_dense(name, array, storage, dtype, shape)
+    if kind == "jagged":
+        return _decode_jagged(name, array, storage, dtype, shape, meta.get(RAGGED_IDX, ""))
+    if kind == "strided":
+        return _decode_strided(name, array, storage, dtype, shape)
+    raise _fail(name, f"unknown column kind {kind!r}")
+
+
+def _decode_dense(name, array, storage, dtype, shape) -> torch.Tensor:
+    if None in shape:
+        raise _fail(name, f"dense column with a ragged shape {shape}")
+    if shape == [] and storage.pair == 1:
+        return _elements(name, array, storage, dtype, [])
+    arrow_shape = shape + ([2] if storage.pair == 2 else [])
+    if not isinstance(array.type, pa.FixedShapeTensorType) or list(array.type.shape) != arrow_shape:
+        raise _fail(name, f"type {array.type}, expected fixed_shape_tensor of shape {arrow_shape}")
+    if array.type.value_type != storage.arrow_type:
+        raise _fail(name, f"value type {array.type.value_type}, expected {storage.arrow_type}")
+    return _elements(name, array.storage, storage, dtype, shape)
+
+
+def _list_parts(name: str, array: pa.Array) -> tuple[torch.Tensor, pa.Array]:
+    """Offsets rebased to 0 and the child slice they cover, for a (possibly sliced) large_list."""
+    if not pa.types.is_large_list(array.type):
+        raise _fail(name, f"type {array.type}, expected large_list")
+    offsets = torch.from_dlpack(array.offsets)
+    start, end = (int(offsets[0]), int(offsets[-1])) if len(offsets) else (0, 0)
+    child = array.values
+    if not 0 <= start <= end <= len(child) or (len(offsets) > 1 and bool((offsets[1:] < offsets[:-1]).any())):
+        raise _fail(name, "list offsets out of order or outside the values")
+    if start:
+        offsets = offsets - start
+    return offsets, child.slice(start, end - start)
+
+
+def _decode_jagged(name, array, storage, dtype, shape, ragged_idx) -> torch.Tensor:
+    if not ragged_idx.isdigit() or not 1 <= int(ragged_idx) <= len(shape) or shape[int(ragged_idx) - 1] is not None:
+        raise _fail(name, f"ragged_idx {ragged_idx!r} does not fit shape {shape}")
+    ragged_idx = int(ragged_idx)
+    if shape.count(None) != 1:
+        raise _fail(name, f"jagged shape {shape} must have exactly one ragged dimension")
+    if len(array) == 0:
+        raise _fail(name, "a jagged column needs at least one row")
+    offsets, child = _list_parts(name, array)
+    element_shape = [n for n in shape if n is not None]
+    values = _elements(name, child, storage, dtype, element_shape).movedim(0, ragged_idx - 1)
+    return torch.nested.nested_tensor_from_jagged(values, offsets, jagged_dim=ragged_idx)
+
+
+def _decode_strided(name, array, storage, dtype, shape) -> torch.Tensor:
+    if not pa.types.is_struct(array.type) or [f.name for f in array.type] != ["data", "shape"]:
+        raise _fail(name, f"type {array.type}, expected struct<data, shape>")
+    ndim = len(shape)
+    if ndim == 0 or any(n is not None for n in shape):
+        raise _fail(name, f"malformed strided shape {shape}")
+    data, sizes_array = array.field("data"), array.field("shape")
+    if sizes_array.type != pa.list_(pa.int64(), ndim):
+        raise _fail(name, f"shape field of type {sizes_array.type}, expected fixed_size_list<int64>[{ndim}]")
+    _no_nulls(name, sizes_array)
+    sizes = torch.from_dlpack(sizes_array.flatten()).view(len(array), ndim)
+    offsets, child = _list_parts(name, data)
+    if bool((sizes < 0).any()) or not torch.equal(offsets[1:] - offsets[:-1], sizes.prod(dim=1)):
+        raise _fail(name, "row shapes do not match the row lengths")
+    values = _elements(name, child, storage, dtype, [])
+    strides = torch.ones_like(sizes)
+    if ndim > 1:
+        strides[:, :-1] = sizes.flip(1)[:, :-1].cumprod(1).flip(1)
+    return torch._nested_view_from_buffer(values, sizes, strides, offsets[:-1].contiguous())
