@@ -1,6 +1,15 @@
 #!/usr/bin/env bash
-# Set up .venv and run the whole test suite. Extra arguments go to pytest.
+# Set up the virtual environments and run the whole test suite:
+#   1. .venv (newest pinned tensordict): every test; extra arguments go to this pytest run;
+#   2. .venv-compat (tensordict 0.10 + verl 0.9.1, a verl user's environment): the codec,
+#      container, pickling and verl-integration tests. Skip it with ADP_SKIP_COMPAT=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-exec .venv/bin/python -m pytest "$@"
+bash scripts/setup.sh main
+.venv/bin/python -m pytest "$@"
+if [ "${ADP_SKIP_COMPAT:-0}" != 1 ]; then
+    bash scripts/setup.sh compat
+    .venv-compat/bin/python -m pytest -m "not slow" \
+        tests/test_codec.py tests/test_protocol.py tests/test_pickling.py tests/test_dtypes.py \
+        tests/test_objects.py tests/test_verl.py
+fi

@@ -1,0 +1,431 @@
+"""Encode the ``non_tensor_batch`` arrays and the ``meta_info`` of a DataProto for Arrow.
+
+Every column is a numpy array with rows on dim 0. :func:`encode_column` turns it into an
+Arrow array with one entry per row plus field metadata; :func:`decode_column` inverts it.
+The field metadata always holds three keys:
+
+``adp.kind``
+    How the column is stored: ``"numeric"``, ``"string"``, ``"object"`` or ``"pickle"``.
+``adp.dtype``
+    The numpy dtype of the column: ``np.dtype.str`` (``"<i4"``, ``"|O"``, ``">M8[ns]"``),
+    or, for a structured dtype, the JSON of ``np.lib.format.dtype_to_descr``.
+``adp.row_shape``
+    JSON list of the shape of one row (``values.shape[1:]``); the row count is the length
+    of the Arrow array, so a sliced array decodes to the matching rows.
+
+Representations, by numpy dtype kind:
+
+- ``b i u f c M m`` (kind ``numeric``): 1-D becomes a primitive array (bool: the canonical
+  ``pa.bool8()`` extension, one byte per value; datetime64/timedelta64: ``int64``); N-D
+  becomes ``pa.fixed_shape_tensor(value_type, row_shape)`` (bool values stored as
+  ``int8``). Complex values are stored as pairs of floats (real, imaginary): always a
+  ``fixed_shape_tensor`` whose shape is ``row_shape + [2]``, 1-D columns included.
+  Encoding is zero-copy for a C-contiguous array in native byte order; anything else is
+  first copied into that layout. Decoding is zero-copy (a read-only view of the Arrow
+  buffers) except for a big-endian dtype, which is restored with a copy.
+- ``U S`` (kind ``string``): a string / binary column (``fixed_shape_tensor`` of strings /
+  binaries for N-D); decoding copies into an array of the recorded dtype.
+- ``O`` 1-D (kind ``object``): the column Arrow infers (strings, int64, float64, bool,
+  bytes, nulls for ``None``, lists and structs of those), kept only if converting it back
+  gives values equal to the originals with the same Python types, recursively (so bool
+  stays distinct from int, tuple from list, dict key order counts; NaN equals NaN).
+- everything else, including N-D object arrays, structured dtypes, longdouble and object
+  columns failing the check above (kind ``pickle``): ``pa.large_binary()`` holding one
+  ``pickle.dumps(row, protocol=5)`` per row. Decoding needs ``allow_pickle=True``.
+
+String and object columns use 32-bit offsets unless a column holds more than 2 GiB of
+string, binary or list data, in which case it is re-encoded with the ``large_`` types.
+Pickled columns are always ``large_binary``.
+
+:func:`encode_meta_info` stores ``meta_info`` in schema metadata: ``adp.meta_info`` holds
+the payload and ``adp.meta_info.encoding`` says how: ``"json"`` when JSON (without NaN or
+infinities) gives the dict back with the same types, else ``"pickle"`` (base64 of a
+protocol-5 pickle).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import pickle
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+
+from arrow_dataproto.errors import (
+    DecodeError,
+    EncodeError,
+    PickleNotAllowedError,
+    column_error,
+)
+
+KIND = "adp.kind"
+DTYPE = "adp.dtype"
+ROW_SHAPE = "adp.row_shape"
+META_INFO = "adp.meta_info"
+META_INFO_ENCODING = "adp.meta_info.encoding"
+
+NUMERIC, STRING, OBJECT, PICKLE = "numeric", "string", "object", "pickle"
+
+_PICKLE_REFUSED = (
+    "holds pickled values; pass allow_pickle=True only for data from a trusted source "
+    "(unpickling can run arbitrary code)"
+)
+# Arrow types an object column may use natively: to_pylist gives back builtin values.
+_PLAIN_LEAVES = {
+    pa.null(), pa.bool_(), pa.int64(), pa.float64(),
+    pa.string(), pa.large_string(), pa.binary(), pa.large_binary(),
+}
+_STRING_VALUE_TYPES = {
+    "U": (pa.string(), pa.large_string()),
+    "S": (pa.binary(), pa.large_binary()),
+}
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Strict equality: equal values of identical types, recursing into lists, tuples and dicts.
+
+    NaN equals NaN; dict keys are compared in order and strictly too.
+    """
+    t = type(a)
+    if t is not type(b):
+        return False
+    if t is list or t is tuple:
+        return len(a) == len(b) and all(map(_same, a, b))
+    if t is dict:
+        keys_same = len(a) == len(b) and all(map(_same, a, b))
+        return keys_same and all(map(_same, a.values(), b.values()))
+    if t is float and a != a:
+        return b != b
+    return a == b
+
+
+# --- helpers shared by encode and decode ------------------------------------------------
+
+
+def _dtype_to_str(name: str, dtype: np.dtype) -> str:
+    """``dtype.str``, or the JSON descr of a structured dtype; EncodeError if not parseable."""
+    text = dtype.str if dtype.fields is None else json.dumps(np.lib.format.dtype_to_descr(dtype))
+    try:
+        if _dtype_from_str(text) == dtype:
+            return text
+    except (TypeError, ValueError):
+        pass
+    raise column_error(
+        EncodeError, name, f"dtype {dtype} cannot be recorded; convert the column to object dtype"
+    )
+
+
+def _dtype_from_str(text: str) -> np.dtype:
+    if text.startswith("["):
+        return np.lib.format.descr_to_dtype(json.loads(text))
+    return np.dtype(text)
+
+
+def _storage_dtype(dtype: np.dtype) -> tuple[np.dtype, tuple[int, ...]]:
+    """The native numpy dtype a numeric dtype is stored as, and the trailing dims it adds."""
+    if dtype.kind == "c":
+        return np.dtype(f"f{dtype.itemsize // 2}"), (2,)
+    if dtype.kind in "bMm":
+        return np.dtype(f"i{dtype.itemsize}"), ()
+    return dtype.newbyteorder("="), ()
+
+
+def _shaped(value_type: pa.DataType, row_shape: tuple[int, ...]) -> pa.DataType:
+    return pa.fixed_shape_tensor(value_type, row_shape) if row_shape else value_type
+
+
+def _numeric_type(dtype: np.dtype, row_shape: tuple[int, ...]) -> pa.DataType:
+    """The Arrow type of a numeric column (raises ArrowNotImplementedError for longdouble)."""
+    storage, extra = _storage_dtype(dtype)
+    shape = (*row_shape, *extra)
+    if dtype.kind == "b" and not shape:
+        return pa.bool8()
+    return _shaped(pa.from_numpy_dtype(storage), shape)
+
+
+def _large(t: pa.DataType) -> pa.DataType:
+    """``t`` with every string, binary and list type swapped for its 64-bit-offset variant."""
+    if pa.types.is_string(t):
+        return pa.large_string()
+    if pa.types.is_binary(t):
+        return pa.large_binary()
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return pa.large_list(_large(t.value_type))
+    if pa.types.is_struct(t):
+        return pa.struct([field.with_type(_large(field.type)) for field in t])
+    return t
+
+
+def _is_plain(t: pa.DataType) -> bool:
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _is_plain(t.value_type)
+    if pa.types.is_struct(t):
+        return all(_is_plain(field.type) for field in t)
+    return t in _PLAIN_LEAVES
+
+
+def _to_arrow(data: Any, arrow_type: pa.DataType | None = None) -> pa.Array:
+    """``pa.array(data)``; pyarrow returns a ChunkedArray past 2 GiB of offsets: go large."""
+    array = pa.array(data, type=arrow_type)
+    if isinstance(array, pa.ChunkedArray):
+        array = pa.array(data, type=_large(array.type))
+    return array
+
+
+def _wrap(flat: pa.Array, arrow_type: pa.DataType, length: int) -> pa.Array:
+    """Put ``flat`` (all values, row-major) into ``arrow_type`` with ``length`` rows."""
+    if not isinstance(arrow_type, pa.BaseExtensionType):
+        return flat
+    storage = flat
+    if flat.type != arrow_type.storage_type:  # fixed_shape_tensor: a fixed-size list
+        storage = pa.Array.from_buffers(arrow_type.storage_type, length, [None], children=[flat])
+    return pa.ExtensionArray.from_storage(arrow_type, storage)
+
+
+def _flat_values(array: pa.Array) -> pa.Array:
+    """Inverse of :func:`_wrap`: the values of the rows of ``array`` (honours slicing)."""
+    storage = array.storage if isinstance(array, pa.ExtensionArray) else array
+    return storage.flatten() if pa.types.is_fixed_size_list(storage.type) else storage
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def _check_type(array: pa.Array, expected: pa.DataType) -> None:
+    _check(array.type == expected, f"expected Arrow type {expected}, got {array.type}")
+
+
+# --- encoders: return None to fall back to pickle ---------------------------------------
+
+
+def _encode_numeric(values: np.ndarray) -> pa.Array | None:
+    try:
+        arrow_type = _numeric_type(values.dtype, values.shape[1:])
+    except pa.ArrowNotImplementedError:  # longdouble / clongdouble
+        return None
+    native = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("="))
+    storage_dtype, extra = _storage_dtype(native.dtype)
+    store = (native[..., None] if extra else native).view(storage_dtype)
+    flat = pa.Array.from_buffers(
+        pa.from_numpy_dtype(storage_dtype), store.size, [None, pa.py_buffer(store)]
+    )
+    return _wrap(flat, arrow_type, len(values))
+
+
+def _encode_string(values: np.ndarray) -> pa.Array:
+    # Via Python objects: pa.array(<numpy U/S array>) cuts values at the first NUL.
+    value_type = _STRING_VALUE_TYPES[values.dtype.kind][0]
+    flat = _to_arrow(values.reshape(-1).tolist(), value_type)
+    return _wrap(flat, _shaped(flat.type, values.shape[1:]), len(values))
+
+
+def _encode_object(values: np.ndarray) -> pa.Array | None:
+    if values.ndim != 1:
+        return None
+    rows = values.tolist()
+    try:
+        array = _to_arrow(rows)
+    except Exception:  # pa.array calls into arbitrary user objects; any failure -> pickle
+        return None
+    if _is_plain(array.type) and all(map(_same, rows, array.to_pylist())):
+        return array
+    return None
+
+
+def _encode_pickle(name: str, values: np.ndarray) -> pa.Array:
+    try:
+        rows = [pickle.dumps(row, protocol=5) for row in values]
+    except Exception as exc:
+        raise column_error(EncodeError, name, f"a row cannot be pickled: {exc}") from exc
+    return pa.array(rows, type=pa.large_binary())
+
+
+_ENCODERS: dict[str, tuple[str, Callable[[np.ndarray], pa.Array | None]]] = {
+    **dict.fromkeys("biufcMm", (NUMERIC, _encode_numeric)),
+    **dict.fromkeys("US", (STRING, _encode_string)),
+    "O": (OBJECT, _encode_object),
+}
+
+
+def encode_column(name: str, values: np.ndarray) -> tuple[pa.Array, dict[str, str]]:
+    """Encode one ``non_tensor_batch`` array as an Arrow array with ``len(values)`` rows.
+
+    Returns the array and its field metadata (``adp.kind``, ``adp.dtype``,
+    ``adp.row_shape``; see the module docstring for the representation of each dtype).
+    Numeric columns that are C-contiguous and native-endian are not copied: the Arrow
+    array views ``values``' memory, so do not modify ``values`` while the array is in use.
+    Other numeric layouts are copied once; string, object and pickled columns are built
+    into new Arrow buffers.
+
+    Raises:
+        EncodeError: ``values`` is not a numpy array of at least one dimension, its dtype
+            cannot be recorded as a string (numpy 2's ``StringDType``), or a row that needs
+            pickling cannot be pickled.
+    """
+    if not isinstance(values, np.ndarray) or values.ndim == 0:
+        got = "a 0-d array" if isinstance(values, np.ndarray) else type(values).__name__
+        raise column_error(
+            EncodeError, name, f"expected a numpy array with rows on dim 0, got {got}"
+        )
+    dtype_text = _dtype_to_str(name, values.dtype)
+    kind, encoder = _ENCODERS.get(values.dtype.kind, (PICKLE, None))
+    array = encoder(values) if encoder else None
+    if array is None:
+        kind, array = PICKLE, _encode_pickle(name, values)
+    return array, {KIND: kind, DTYPE: dtype_text, ROW_SHAPE: json.dumps(list(values.shape[1:]))}
+
+
+# --- decoders: raise any exception on malformed input; decode_column names the column ---
+
+
+def _decode_numeric(array: pa.Array, dtype: np.dtype, row_shape: tuple[int, ...]) -> np.ndarray:
+    _check_type(array, _numeric_type(dtype, row_shape))
+    flat = _flat_values(array)
+    _check(array.null_count == 0 and flat.null_count == 0, "numeric columns cannot hold nulls")
+    extra = _storage_dtype(dtype)[1]
+    shaped = flat.to_numpy(zero_copy_only=True).reshape(len(array), *row_shape, *extra)
+    out = shaped.view(dtype.newbyteorder("="))
+    if extra:
+        out = out[..., 0]
+    return out if out.dtype == dtype else out.astype(dtype)
+
+
+def _decode_string(array: pa.Array, dtype: np.dtype, row_shape: tuple[int, ...]) -> np.ndarray:
+    value_type = (
+        array.type.value_type if isinstance(array.type, pa.FixedShapeTensorType) else array.type
+    )
+    _check(
+        value_type in _STRING_VALUE_TYPES[dtype.kind],
+        f"expected string or binary values for dtype {dtype}, got {value_type}",
+    )
+    _check_type(array, _shaped(value_type, row_shape))
+    flat = _flat_values(array)
+    _check(array.null_count == 0 and flat.null_count == 0, "string columns cannot hold nulls")
+    values = flat.to_numpy(zero_copy_only=False).astype(dtype)
+    return values.reshape(len(array), *row_shape)
+
+
+def _decode_object(array: pa.Array, dtype: np.dtype, row_shape: tuple[int, ...]) -> np.ndarray:
+    _check(not row_shape, f"object columns are 1-D, got row shape {list(row_shape)}")
+    _check(_is_plain(array.type), f"unsupported Arrow type for an object column: {array.type}")
+    return np.fromiter(array.to_pylist(), dtype=object, count=len(array))
+
+
+def _decode_pickle(array: pa.Array, dtype: np.dtype, row_shape: tuple[int, ...]) -> np.ndarray:
+    _check(
+        array.type in (pa.binary(), pa.large_binary()),
+        f"expected binary pickled rows, got {array.type}",
+    )
+    _check(array.null_count == 0, "pickled columns cannot hold nulls")
+    out = np.empty((len(array), *row_shape), dtype=dtype)
+    for i, blob in enumerate(array.to_pylist()):
+        row = pickle.loads(blob)
+        if row_shape:  # N-D rows must match exactly: numpy would broadcast (1,) into (3,)
+            _check(np.shape(row) == row_shape, f"row {i} has shape {np.shape(row)}")
+        out[i] = row
+    return out
+
+
+# kind -> (decoder, numpy dtype kinds it accepts)
+_DECODERS: dict[str, tuple[Callable[..., np.ndarray], str]] = {
+    NUMERIC: (_decode_numeric, "biufcMm"),
+    STRING: (_decode_string, "US"),
+    OBJECT: (_decode_object, "O"),
+    PICKLE: (_decode_pickle, "biufcMmUSOV"),
+}
+
+
+def decode_column(
+    name: str, array: pa.Array, metadata: dict[str, str], *, allow_pickle: bool
+) -> np.ndarray:
+    """Decode an array made by :func:`encode_column` (or a slice or chunk of one).
+
+    Numeric columns come back zero-copy: a read-only numpy view of the Arrow buffers
+    (big-endian dtypes are the exception: restored with a copy). String, object and
+    pickled columns are copied into new numpy arrays; object columns come back as 1-D
+    ``dtype=object`` arrays whose items are the row values (lists stay lists).
+
+    Raises:
+        PickleNotAllowedError: the column is pickled and ``allow_pickle`` is false.
+        DecodeError: the metadata is missing or inconsistent, or the array does not match
+            it (type, nulls, lengths, corrupt pickles).
+    """
+    kind = metadata.get(KIND)
+    if kind not in _DECODERS:
+        raise column_error(DecodeError, name, f"missing or unknown {KIND}: {kind!r}")
+    if kind == PICKLE and not allow_pickle:
+        raise column_error(PickleNotAllowedError, name, _PICKLE_REFUSED)
+    decoder, dtype_kinds = _DECODERS[kind]
+    try:
+        _check(isinstance(array, pa.Array), f"expected a pyarrow Array, got {type(array).__name__}")
+        array.validate()  # buffer sizes match the lengths; cheap, no per-value scan
+        dtype = _dtype_from_str(metadata[DTYPE])
+        row_shape = json.loads(metadata[ROW_SHAPE])
+        _check(dtype.kind in dtype_kinds, f"dtype {dtype} cannot be stored as kind {kind!r}")
+        _check(
+            isinstance(row_shape, list) and all(type(d) is int and d >= 0 for d in row_shape),
+            f"bad row shape {row_shape!r}",
+        )
+        return decoder(array, dtype, tuple(row_shape))
+    except Exception as exc:  # pyarrow, numpy, json and unpickling errors of any type
+        raise column_error(DecodeError, name, f"malformed {kind!r} column: {exc!r}") from exc
+
+
+# --- meta_info ----------------------------------------------------------------------------
+
+
+def encode_meta_info(meta_info: dict) -> dict[str, str]:
+    """Encode ``meta_info`` as schema-metadata entries (``adp.meta_info*`` keys).
+
+    JSON when that round-trips exactly (same values and types, no NaN/infinity), else a
+    base64-encoded protocol-5 pickle.
+
+    Raises:
+        EncodeError: ``meta_info`` is not a dict, or needs pickling and cannot be pickled.
+    """
+    if not isinstance(meta_info, dict):
+        raise EncodeError(f"meta_info must be a dict, got {type(meta_info).__name__}")
+    try:
+        text = json.dumps(meta_info, allow_nan=False)
+        if _same(meta_info, json.loads(text)):
+            return {META_INFO_ENCODING: "json", META_INFO: text}
+    except (TypeError, ValueError, RecursionError):  # not JSON-serialisable
+        pass
+    try:
+        blob = pickle.dumps(meta_info, protocol=5)
+    except Exception as exc:
+        raise EncodeError(f"meta_info is neither JSON nor picklable: {exc}") from exc
+    return {META_INFO_ENCODING: "pickle", META_INFO: base64.b64encode(blob).decode("ascii")}
+
+
+_META_INFO_LOADERS: dict[str, Callable[[str], Any]] = {
+    "json": json.loads,
+    "pickle": lambda text: pickle.loads(base64.b64decode(text, validate=True)),
+}
+
+
+def decode_meta_info(metadata: dict[str, str], *, allow_pickle: bool) -> dict:
+    """Invert :func:`encode_meta_info`; ``{}`` when ``metadata`` holds no meta_info.
+
+    Raises:
+        PickleNotAllowedError: meta_info is pickled and ``allow_pickle`` is false.
+        DecodeError: the entries are inconsistent, malformed, or not a dict.
+    """
+    encoding, payload = metadata.get(META_INFO_ENCODING), metadata.get(META_INFO)
+    if encoding is None and payload is None:
+        return {}
+    if encoding not in _META_INFO_LOADERS or payload is None:
+        raise DecodeError(f"bad meta_info entries: {META_INFO_ENCODING}={encoding!r}")
+    if encoding == "pickle" and not allow_pickle:
+        raise PickleNotAllowedError(f"meta_info {_PICKLE_REFUSED}")
+    try:
+        meta_info = _META_INFO_LOADERS[encoding](payload)
+    except Exception as exc:  # json, base64 and unpickling errors of any type
+        raise DecodeError(f"malformed {encoding} meta_info: {exc!r}") from exc
+    if not isinstance(meta_info, dict):
+        raise DecodeError(f"meta_info must decode to a dict, got {type(meta_info).__name__}")
+    return meta_info

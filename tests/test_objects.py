@@ -1,0 +1,586 @@
+"""Tests for arrow_dataproto.objects: non_tensor_batch columns and meta_info."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime
+import decimal
+import json
+import math
+import pickle
+import time
+import uuid
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from arrow_dataproto.errors import DecodeError, EncodeError, PickleNotAllowedError
+from arrow_dataproto.objects import (
+    decode_column,
+    decode_meta_info,
+    encode_column,
+    encode_meta_info,
+)
+
+
+@dataclasses.dataclass
+class Point:
+    x: int
+    y: float
+
+
+def assert_identical(expected, actual, path="value"):
+    """Equal values with the same Python types, recursively; NaN == NaN, -0.0 != 0.0."""
+    assert type(actual) is type(expected), f"{path}: {type(actual)!r} != {type(expected)!r}"
+    if isinstance(expected, dict):
+        assert len(actual) == len(expected), path
+        for i, (ek, ak) in enumerate(zip(expected, actual)):
+            assert_identical(ek, ak, f"{path}.keys()[{i}]")
+            assert_identical(expected[ek], actual[ak], f"{path}[{ek!r}]")
+    elif isinstance(expected, (list, tuple)):
+        assert len(actual) == len(expected), path
+        for i, (e, a) in enumerate(zip(expected, actual)):
+            assert_identical(e, a, f"{path}[{i}]")
+    elif isinstance(expected, np.ndarray):
+        assert_array_identical(expected, actual, path)
+    elif isinstance(expected, float):
+        assert repr(actual) == repr(expected), path
+    else:
+        assert actual == expected, path
+
+
+def assert_array_identical(expected: np.ndarray, actual: np.ndarray, path="array"):
+    assert isinstance(actual, np.ndarray), path
+    assert actual.dtype == expected.dtype and actual.dtype.str == expected.dtype.str, path
+    assert actual.shape == expected.shape, path
+    if expected.dtype == object:
+        for index in np.ndindex(expected.shape):
+            assert_identical(expected[index], actual[index], f"{path}[{index}]")
+    elif expected.dtype.kind in "fc":
+        np.testing.assert_array_equal(actual, expected)  # NaN-aware
+    else:
+        assert actual.tobytes() == expected.tobytes(), path
+
+
+def objects(*items) -> np.ndarray:
+    """A 1-D object array holding ``items`` as they are (lists stay lists)."""
+    out = np.empty(len(items), dtype=object)
+    for i, item in enumerate(items):
+        out[i] = item
+    return out
+
+
+def roundtrip(values, *, allow_pickle=True):
+    array, metadata = encode_column("col", values)
+    assert isinstance(array, pa.Array) and len(array) == len(values)
+    assert metadata["adp.kind"] in {"numeric", "string", "object", "pickle"}
+    assert all(isinstance(k, str) and k.startswith("adp.") for k in metadata)
+    assert all(isinstance(v, str) for v in metadata.values())
+    assert json.loads(metadata["adp.row_shape"]) == list(values.shape[1:])
+    decoded = decode_column("col", array, metadata, allow_pickle=allow_pickle)
+    return array, metadata, decoded
+
+
+# --- object columns -------------------------------------------------------------------
+
+NAN = float("nan")
+
+NATIVE = {
+    "uuids": objects(*(str(uuid.UUID(int=i)) for i in range(20))),
+    "ints": objects(1, -2, 0, 2**62),
+    "floats": objects(1.5, NAN, math.inf, -0.0),
+    "bools": objects(True, False, True),
+    "str_and_none": objects("a", None, "ü", ""),
+    "bytes": objects(b"a\x00b", b"", None),
+    "reward_model": objects(*({"ground_truth": str(i), "style": "rule"} for i in range(10))),
+    "raw_prompt": objects(
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "1+1?"}],
+        [{"role": "user", "content": "hi"}],
+        [],
+    ),
+    "ragged_lists": objects([1, 2], [], [3], None),
+    "equal_lists": objects([1, 2], [3, 4]),
+    "nested": objects({"a": [1, 2], "b": {"c": "x"}}, {"a": [], "b": {"c": None}}),
+    "nan_in_dicts": objects({"a": NAN}, {"a": 1.5}),
+    "empty_dicts": objects({}, {}),
+    "all_none": objects(None, None),
+    "no_rows": objects(),
+}
+
+
+@pytest.mark.parametrize("values", NATIVE.values(), ids=NATIVE.keys())
+def test_object_columns_become_native_arrow(values):
+    array, metadata, decoded = roundtrip(values)
+    assert metadata["adp.kind"] == "object"
+    assert array.type != pa.large_binary()
+    assert_array_identical(values, decoded)
+    assert decoded.ndim == 1
+
+
+def test_native_types():
+    assert encode_column("c", NATIVE["uuids"])[0].type == pa.string()
+    assert encode_column("c", NATIVE["ints"])[0].type == pa.int64()
+    assert encode_column("c", NATIVE["all_none"])[0].type == pa.null()
+    assert encode_column("c", NATIVE["reward_model"])[0].type == pa.struct(
+        [("ground_truth", pa.string()), ("style", pa.string())]
+    )
+    raw_prompt = encode_column("c", NATIVE["raw_prompt"])[0]
+    assert pa.types.is_list(raw_prompt.type) and pa.types.is_struct(raw_prompt.type.value_type)
+
+
+def test_non_contiguous_object_column():
+    values = NATIVE["uuids"][::3]
+    assert_array_identical(values, roundtrip(values)[2])
+
+
+def grid(*rows) -> np.ndarray:
+    out = np.empty((len(rows), len(rows[0])), dtype=object)
+    for index in np.ndindex(out.shape):
+        out[index] = rows[index[0]][index[1]]
+    return out
+
+
+PICKLED = {
+    "mixed_types": objects(1, "a", None),
+    "tuples": objects((1, 2), (3, 4)),
+    "custom_class": objects(Point(1, 2.0), Point(3, -0.5)),
+    "bool_and_int": objects(True, 2),
+    "int_and_float": objects(1, 2.5),
+    "str_and_bytes": objects("a", b"a"),
+    "key_order": objects({"a": 1, "b": 2}, {"b": 2, "a": 1}),
+    "missing_keys": objects({"a": 1}, {"b": 2}),
+    "int_keys": objects({1: "a"}, {2: "b"}),
+    "nan_in_dicts_mixed": objects({"a": 1}, {"a": NAN}),
+    "numpy_scalars": objects(np.int64(1), np.float32(2.0)),
+    "numpy_arrays": objects(np.arange(3), np.arange(2.0), np.array(5)),
+    "huge_int": objects(2**70, 1),
+    "decimal": objects(decimal.Decimal("1.10"), decimal.Decimal("1.1")),
+    "aware_datetime": objects(
+        datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone(datetime.timedelta(hours=2)))
+    ),
+    "set": objects({1, 2}),
+    "nested_2d": grid([1, "a", None], [{"x": (1,)}, [2.0], Point(0, 0.5)]),
+    "nested_3d": np.array([[[1, 2]], [[3, 4]]], dtype=object),
+}
+
+
+@pytest.mark.parametrize("values", PICKLED.values(), ids=PICKLED.keys())
+def test_pickle_fallback(values):
+    array, metadata, decoded = roundtrip(values)
+    assert metadata["adp.kind"] == "pickle"
+    assert array.type == pa.large_binary()
+    assert_array_identical(values, decoded)
+
+
+def test_pickled_columns_need_allow_pickle():
+    array, metadata = encode_column("extra", PICKLED["tuples"])
+    with pytest.raises(PickleNotAllowedError, match=r"'extra'.*allow_pickle=True") as info:
+        decode_column("extra", array, metadata, allow_pickle=False)
+    assert isinstance(info.value, DecodeError)
+
+
+def test_unpicklable_row_is_an_encode_error():
+    with pytest.raises(EncodeError, match="'fn'"):
+        encode_column("fn", objects(lambda: 1, 2))
+
+
+# --- numeric columns ------------------------------------------------------------------
+
+NUMERIC_DTYPES = [
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64", "complex64", "complex128",
+    "M8[ns]", "M8[D]", "m8[s]",
+]
+SHAPES = [(7,), (7, 3), (7, 2, 3), (0,), (0, 3), (4, 0)]
+
+
+def make(dtype, shape, seed=0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    dtype = np.dtype(dtype)
+    if dtype.kind == "b":
+        return rng.random(shape) > 0.5
+    if dtype.kind in "Mm":
+        return rng.integers(-(10**6), 10**6, shape).astype(dtype)
+    if dtype.kind == "c":
+        return (rng.normal(size=shape) + 1j * rng.normal(size=shape)).astype(dtype)
+    if dtype.kind == "f":
+        values = rng.normal(size=shape).astype(dtype)
+        values.reshape(-1)[:1] = np.nan
+        return values
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+
+
+def expected_arrow_type(dtype: np.dtype, row_shape: tuple[int, ...]) -> pa.DataType:
+    if dtype.kind == "c":
+        pair = pa.from_numpy_dtype(np.dtype(f"f{dtype.itemsize // 2}"))
+        return pa.fixed_shape_tensor(pair, [*row_shape, 2])
+    value_type = {"b": pa.int8(), "M": pa.int64(), "m": pa.int64()}.get(dtype.kind)
+    value_type = value_type or pa.from_numpy_dtype(dtype)
+    if row_shape:
+        return pa.fixed_shape_tensor(value_type, list(row_shape))
+    return pa.bool8() if dtype.kind == "b" else value_type
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", NUMERIC_DTYPES)
+def test_numeric_roundtrip_is_exact_and_zero_copy(dtype, shape):
+    values = make(dtype, shape)
+    array, metadata, decoded = roundtrip(values)
+    assert metadata["adp.kind"] == "numeric"
+    assert metadata["adp.dtype"] == values.dtype.str
+    assert array.type == expected_arrow_type(values.dtype, shape[1:])
+    assert_array_identical(values, decoded)
+    if values.size:
+        assert array.buffers()[-1].address == values.ctypes.data  # encode: no copy
+        assert np.shares_memory(decoded, values)  # decode: a view of the same memory
+
+
+def test_decode_views_arrow_memory_of_a_slice():
+    array = pa.array(np.arange(10, dtype=np.int64))
+    metadata = {"adp.kind": "numeric", "adp.dtype": "<i8", "adp.row_shape": "[]"}
+    decoded = decode_column("c", array.slice(3, 5), metadata, allow_pickle=False)
+    assert decoded.tolist() == [3, 4, 5, 6, 7]
+    assert decoded.ctypes.data == array.buffers()[1].address + 3 * 8
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        np.arange(24, dtype=np.float32).reshape(4, 6)[:, ::2],
+        np.asfortranarray(np.arange(24, dtype=np.int16).reshape(4, 6)),
+        np.broadcast_to(np.arange(3, dtype=np.uint8), (5, 3)),
+        make("complex128", (6, 4))[::2, 1:],
+        make("bool", (10,))[::3],
+    ],
+    ids=["strided", "fortran", "broadcast", "complex_view", "bool_strided"],
+)
+def test_non_contiguous_numeric_is_copied(values):
+    array, _, decoded = roundtrip(values)
+    assert_array_identical(values, decoded)
+    assert decoded.flags.c_contiguous
+
+
+@pytest.mark.parametrize("dtype", [">i4", ">u2", ">f8", ">c16", ">M8[ns]", ">m8[us]"])
+@pytest.mark.parametrize("shape", [(5,), (5, 2)], ids=str)
+def test_big_endian_dtype_is_restored(dtype, shape):
+    values = make(np.dtype(dtype).newbyteorder("="), shape).astype(dtype)
+    array, metadata, decoded = roundtrip(values)
+    assert metadata["adp.dtype"] == np.dtype(dtype).str
+    assert_array_identical(values, decoded)
+
+
+# --- string, bytes and other dtypes ---------------------------------------------------
+
+STRINGS = {
+    "unicode": np.array(["a", "ü€", "", "a\x00b", "longer string"]),
+    "bytes": np.array([b"a\x00b", b"", b"xyz"]),
+    "unicode_2d": np.array([["a", "bb"], ["", "ü"], ["c", "d"]]),
+    "bytes_3d": np.array([[[b"a"], [b"bc"]]] * 3),
+    "big_endian_unicode": np.array(["ab", "c"], dtype=">U3"),
+    "empty": np.array([], dtype="U4"),
+    "zero_width_rows": np.empty((3, 0), dtype="U2"),
+}
+
+
+@pytest.mark.parametrize("values", STRINGS.values(), ids=STRINGS.keys())
+def test_string_columns(values):
+    array, metadata, decoded = roundtrip(values)
+    assert metadata["adp.kind"] == "string"
+    assert metadata["adp.dtype"] == values.dtype.str
+    value_type = array.type.value_type if values.ndim > 1 else array.type
+    assert value_type == (pa.string() if values.dtype.kind == "U" else pa.binary())
+    assert_array_identical(values, decoded)
+
+
+OTHER = {
+    "structured": np.array([(1, 2.0), (3, 4.0)], dtype=[("a", "<i4"), ("b", ">f8")]),
+    "structured_2d": np.zeros(
+        (2, 3), dtype=np.dtype([("a", "u1"), ("b", "<f4", (2,))], align=True)
+    ),
+    "nested_structured": np.zeros(3, dtype=[("p", [("x", "i2"), ("y", "i2")]), ("s", "S3")]),
+    "void": np.array([b"ab", b"cd"], dtype="V2"),
+}
+if np.dtype(np.longdouble).itemsize > 8:  # float128 on x86: not an Arrow type
+    OTHER["longdouble"] = np.arange(4, dtype=np.longdouble) / 3
+
+
+@pytest.mark.parametrize("values", OTHER.values(), ids=OTHER.keys())
+def test_other_dtypes_are_pickled_with_their_dtype(values):
+    array, metadata, decoded = roundtrip(values)
+    assert metadata["adp.kind"] == "pickle"
+    assert decoded.dtype == values.dtype and decoded.shape == values.shape
+    np.testing.assert_array_equal(decoded, values)  # not tobytes(): padding is undefined
+
+
+@pytest.mark.skipif(not hasattr(np.dtypes, "StringDType"), reason="numpy < 2")
+def test_numpy_string_dtype_is_rejected():
+    with pytest.raises(EncodeError, match="'s'"):
+        encode_column("s", np.array(["a"], dtype=np.dtypes.StringDType()))
+
+
+@pytest.mark.parametrize(
+    "values", [np.array(3), np.array("x", dtype=object), [1, 2], 3, None], ids=repr
+)
+def test_non_arrays_and_0d_arrays_are_rejected(values):
+    with pytest.raises(EncodeError, match="'bad'"):
+        encode_column("bad", values)
+
+
+# --- slices and chunks ----------------------------------------------------------------
+
+SLICEABLE = {
+    "float": make("float64", (10,)),
+    "bool": make("bool", (10,)),
+    "tensor": make("int32", (10, 2, 3)),
+    "complex": make("complex64", (10, 2)),
+    "datetime": make("M8[ms]", (10,)),
+    "unicode": np.array([f"s{i}" for i in range(10)]),
+    "bytes_2d": np.array([[b"x" * i, b"y"] for i in range(10)]),
+    "uuids": NATIVE["uuids"][:10],
+    "dicts": NATIVE["reward_model"],
+    "pickled": objects(*((i, str(i)) for i in range(10))),
+    "pickled_2d": grid(*([i, (i,)] for i in range(10))),
+    "structured": np.zeros(10, dtype=[("a", "i4")]),
+}
+
+
+@pytest.mark.parametrize("values", SLICEABLE.values(), ids=SLICEABLE.keys())
+def test_sliced_and_concatenated_arrays_decode(values):
+    array, metadata = encode_column("col", values)
+    sliced = decode_column("col", array.slice(3, 5), metadata, allow_pickle=True)
+    assert_array_identical(values[3:8], sliced)
+    twice = pa.concat_arrays([array, array])
+    chunk = pa.chunked_array([twice.slice(0, 12), twice.slice(12)]).chunk(1)
+    assert_array_identical(values[2:], decode_column("col", chunk, metadata, allow_pickle=True))
+
+
+def test_columns_survive_ipc():
+    columns = {**SLICEABLE, "nested_2d": PICKLED["nested_2d"][:1], "floats": NATIVE["floats"]}
+    fields, arrays = [], []
+    for name, values in columns.items():
+        array, metadata = encode_column(name, values[:1])
+        fields.append(pa.field(name, array.type, metadata=metadata))
+        arrays.append(array)
+    sink = pa.BufferOutputStream()
+    batch = pa.record_batch(arrays, schema=pa.schema(fields))
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    read = pa.ipc.open_stream(sink.getvalue()).read_next_batch()
+    for field, array in zip(read.schema, read.columns):
+        metadata = {k.decode(): v.decode() for k, v in field.metadata.items()}
+        decoded = decode_column(field.name, array, metadata, allow_pickle=True)
+        assert_array_identical(columns[field.name][:1], decoded, field.name)
+
+
+# --- malformed input ------------------------------------------------------------------
+
+
+def meta(kind, dtype, row_shape="[]"):
+    return {"adp.kind": kind, "adp.dtype": dtype, "adp.row_shape": row_shape}
+
+
+_BLOB = pickle.dumps(np.zeros(2), protocol=5)
+_TENSOR = pa.fixed_shape_tensor(pa.int32(), [2])
+MALFORMED = {
+    "no_kind": (pa.array([1]), {}),
+    "unknown_kind": (pa.array([1]), {**meta("numeric", "<i8"), "adp.kind": "tensor"}),
+    "no_dtype": (pa.array([1]), {"adp.kind": "numeric", "adp.row_shape": "[]"}),
+    "no_row_shape": (pa.array([1]), {"adp.kind": "numeric", "adp.dtype": "<i8"}),
+    "bad_dtype": (pa.array([1]), meta("numeric", "not-a-dtype")),
+    "bad_row_shape_json": (pa.array([1]), meta("numeric", "<i8", "[")),
+    "negative_row_shape": (pa.array([1]), meta("numeric", "<i8", "[-1]")),
+    "dict_row_shape": (pa.array([1]), meta("numeric", "<i8", "{}")),
+    "numeric_vs_string": (pa.array(["a"]), meta("numeric", "<i8")),
+    "numeric_wrong_width": (pa.array([1], pa.int32()), meta("numeric", "<i8")),
+    "numeric_with_nulls": (pa.array([1, None]), meta("numeric", "<i8")),
+    "numeric_dtype_of_kind": (pa.array([1]), meta("numeric", "<U2")),
+    "tensor_wrong_shape": (
+        pa.ExtensionArray.from_storage(_TENSOR, pa.array([[1, 2]], pa.list_(pa.int32(), 2))),
+        meta("numeric", "<i4", "[3]"),
+    ),
+    "bool_without_bool8": (pa.array([1], pa.int8()), meta("numeric", "|b1")),
+    "string_with_nulls": (pa.array(["a", None]), meta("string", "<U1")),
+    "string_vs_int": (pa.array([1]), meta("string", "<U1")),
+    "string_vs_binary": (pa.array([b"a"]), meta("string", "<U1")),
+    "object_dtype_for_string": (pa.array(["a"]), meta("string", "|O")),
+    "object_timestamp": (pa.array([datetime.datetime(2024, 1, 1)]), meta("object", "|O")),
+    "object_int32": (pa.array([1], pa.int32()), meta("object", "|O")),
+    "object_2d": (pa.array([1]), meta("object", "|O", "[2]")),
+    "pickle_garbage": (pa.array([b"not a pickle"], pa.large_binary()), meta("pickle", "|O")),
+    "pickle_truncated": (pa.array([_BLOB[:-5]], pa.large_binary()), meta("pickle", "|O")),
+    "pickle_vs_int": (pa.array([1]), meta("pickle", "|O")),
+    "pickle_with_nulls": (pa.array([_BLOB, None], pa.large_binary()), meta("pickle", "|O")),
+    "pickle_wrong_row_shape": (pa.array([_BLOB], pa.large_binary()), meta("pickle", "<f8", "[3]")),
+    "pickle_broadcastable_row": (
+        pa.array([pickle.dumps(np.zeros(1))], pa.large_binary()),
+        meta("pickle", "<f8", "[3]"),
+    ),
+    "chunked_array": (pa.chunked_array([pa.array([1])]), meta("numeric", "<i8")),
+}
+
+
+@pytest.mark.parametrize("array, metadata", MALFORMED.values(), ids=MALFORMED.keys())
+def test_malformed_columns_raise_decode_error(array, metadata):
+    with pytest.raises(DecodeError, match="'broken'") as info:
+        decode_column("broken", array, metadata, allow_pickle=True)
+    assert type(info.value) is DecodeError
+
+
+# --- meta_info ------------------------------------------------------------------------
+
+JSON_META = {
+    "empty": {},
+    "typical": {"micro_batch_size": 4, "temperature": 0.7, "eos_token_id": [2], "do_sample": True},
+    "nested": {"a": {"b": [None, "x", {"c": 1.5}]}, "": -0.0},
+}
+PICKLED_META = {
+    "tuple": {"shape": (2, 3)},
+    "int_keys": {1: "a"},
+    "numpy_int": {"n": np.int64(3)},
+    "numpy_float": {"x": np.float64(0.5)},
+    "nan": {"x": NAN},
+    "set": {"s": {1, 2}},
+    "custom": {"p": Point(1, 2.0)},
+}
+
+
+@pytest.mark.parametrize("meta_info", JSON_META.values(), ids=JSON_META.keys())
+def test_meta_info_json(meta_info):
+    metadata = encode_meta_info(meta_info)
+    assert all(key.startswith("adp.meta_info") for key in metadata)
+    assert all(isinstance(value, str) for value in metadata.values())
+    assert metadata["adp.meta_info.encoding"] == "json"
+    assert json.loads(metadata["adp.meta_info"]) == meta_info
+    assert_identical(meta_info, decode_meta_info(metadata, allow_pickle=False))
+
+
+@pytest.mark.parametrize("meta_info", PICKLED_META.values(), ids=PICKLED_META.keys())
+def test_meta_info_pickled(meta_info):
+    metadata = encode_meta_info(meta_info)
+    assert metadata["adp.meta_info.encoding"] == "pickle"
+    assert_identical(meta_info, decode_meta_info(metadata, allow_pickle=True))
+    with pytest.raises(PickleNotAllowedError, match="allow_pickle=True"):
+        decode_meta_info(metadata, allow_pickle=False)
+
+
+def test_meta_info_absent_is_empty():
+    assert decode_meta_info({}, allow_pickle=False) == {}
+    assert decode_meta_info({"adp.kind": "object", "other": "x"}, allow_pickle=False) == {}
+
+
+@pytest.mark.parametrize("value", [[1], "x", None, (1,)], ids=repr)
+def test_meta_info_must_be_a_dict(value):
+    with pytest.raises(EncodeError):
+        encode_meta_info(value)
+
+
+def test_unpicklable_meta_info():
+    with pytest.raises(EncodeError):
+        encode_meta_info({"f": lambda: 1})
+
+
+def _entries(encoding, payload):
+    entries = {"adp.meta_info.encoding": encoding, "adp.meta_info": payload}
+    return {k: v for k, v in entries.items() if v is not None}
+
+
+MALFORMED_META = {
+    "bad_json": ("json", "{"),
+    "json_list": ("json", "[1, 2]"),
+    "bad_base64": ("pickle", "***"),
+    "bad_pickle": ("pickle", base64.b64encode(b"garbage").decode()),
+    "pickled_list": ("pickle", base64.b64encode(pickle.dumps([1])).decode()),
+    "unknown_encoding": ("yaml", "a: 1"),
+    "no_payload": ("json", None),
+    "no_encoding": (None, "{}"),
+}
+
+
+@pytest.mark.parametrize("encoding, payload", MALFORMED_META.values(), ids=MALFORMED_META.keys())
+def test_malformed_meta_info_raises_decode_error(encoding, payload):
+    with pytest.raises(DecodeError) as info:
+        decode_meta_info(_entries(encoding, payload), allow_pickle=True)
+    assert type(info.value) is DecodeError
+
+
+# --- property tests -------------------------------------------------------------------
+
+json_like = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.text(max_size=4), children, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=75, deadline=None)
+@given(st.lists(json_like, max_size=8))
+def test_object_column_roundtrip_property(rows):
+    values = objects(*rows)
+    array, metadata, decoded = roundtrip(values)
+    assert_array_identical(values, decoded)
+    if len(values) > 2:
+        sliced = decode_column("col", array.slice(1, 2), metadata, allow_pickle=True)
+        assert_array_identical(values[1:3], sliced)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.text(max_size=8) | st.none(), max_size=8))
+def test_strings_and_none_are_always_native(rows):
+    assert encode_column("c", objects(*rows))[1]["adp.kind"] == "object"
+
+
+def _finite(value) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(map(_finite, value.values()))
+    if isinstance(value, list):
+        return all(map(_finite, value))
+    return True
+
+
+@settings(max_examples=75, deadline=None)
+@given(st.dictionaries(st.text(max_size=6), json_like, max_size=5))
+def test_meta_info_roundtrip_property(meta_info):
+    metadata = encode_meta_info(meta_info)
+    is_json = metadata["adp.meta_info.encoding"] == "json"
+    assert is_json == _finite(meta_info)  # JSON unless NaN / infinity forces pickle
+    assert_identical(meta_info, decode_meta_info(metadata, allow_pickle=not is_json))
+
+
+# --- performance and size -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        objects(*(str(uuid.uuid4()) for _ in range(2560))),
+        objects(*({"ground_truth": str(i), "style": "rule"} for i in range(2560))),
+    ],
+    ids=["uuids", "reward_model"],
+)
+def test_encode_is_fast(values):
+    encode_column("warm-up", values)
+    best = math.inf
+    for _ in range(5):
+        start = time.perf_counter()
+        encode_column("c", values)
+        best = min(best, time.perf_counter() - start)
+    assert best < 0.05, f"{best * 1e3:.1f} ms"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["str", "bytes"])
+def test_columns_over_2_gib_use_large_types(kind):
+    row = "x" * (750 * 2**20) if kind == "str" else b"x" * (750 * 2**20)
+    values = objects(row, row, row[:-1])  # 2.2 GiB of data, past 32-bit offsets
+    array, metadata = encode_column("big", values)
+    assert array.type == (pa.large_string() if kind == "str" else pa.large_binary())
+    last = decode_column("big", array.slice(2), metadata, allow_pickle=False)
+    assert last.shape == (1,) and last[0] == values[2]
