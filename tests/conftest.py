@@ -17,6 +17,7 @@ def ray_session():
     ray = pytest.importorskip("ray", reason="ray is not installed (pip install arrow-dataproto[ray])")
     if not ray.is_initialized():
         ray.init(
+            address="local",  # always a fresh local instance, never another session's cluster
             num_cpus=4,
             object_store_memory=3 * 1024**3,
             include_dashboard=False,

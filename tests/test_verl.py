@@ -1,0 +1,471 @@
+"""verl drop-in (arrow_dataproto.integrations.verl).
+
+The patching, the Arrow pickles and the decoders of an unpatched verl's states
+are tested on ``StandIn``, a class with verl's three fields and verl-like
+pickling; tests marked ``verl`` repeat the essentials on the real
+``verl.protocol.DataProto`` and skip where verl cannot be imported.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import tensordict
+import torch
+from packaging.version import Version
+from tensordict import TensorDict
+from utils import assert_dataproto_equal, sample_dataproto
+
+from arrow_dataproto import DecodeError, from_ipc, receive_options, to_ipc
+from arrow_dataproto.integrations import verl as adp_verl
+
+MODULE = b"arrow_dataproto.integrations.verl"
+
+# tensordict < 0.13 drops a jagged tensor's ragged_idx in consolidate + torch.save (tensordict #1676):
+# verl's default state cannot carry the mRoPE column exactly there, whoever decodes it.
+RAGGED_IDX_SURVIVES_TORCH_SAVE = Version(tensordict.__version__).release >= (0, 13)
+
+
+# ---------------------------------------------------------------- verl's pickled states, written from the format
+
+
+def legacy_default_state(dp) -> tuple:
+    """verl's default state: the consolidated batch as ``torch.save`` bytes."""
+    batch = dp.batch
+    if batch is not None and len(batch.keys()):
+        batch = batch.contiguous().consolidate()
+    buffer = io.BytesIO()
+    torch.save(batch, buffer)
+    return buffer.getvalue(), dp.non_tensor_batch, dp.meta_info
+
+
+def _triple(t: torch.Tensor) -> tuple:
+    return str(t.dtype).removeprefix("torch."), t.shape, t.contiguous().reshape(-1).view(torch.uint8).numpy()
+
+
+def legacy_numpy_state(dp) -> tuple:
+    """verl's numpy-mode state: per key ``(dtype, shape, uint8 bytes)``, or ``(layout, [one per row])``."""
+    if dp.batch is None:
+        return None, dp.non_tensor_batch, dp.meta_info
+    items = {
+        key: (str(t.layout).removeprefix("torch."), [_triple(r) for r in t.unbind()]) if t.is_nested else _triple(t)
+        for key, t in dp.batch.items()
+    }
+    device = None if dp.batch.device is None else str(dp.batch.device)
+    return (tuple(dp.batch.batch_size), device, items), dp.non_tensor_batch, dp.meta_info
+
+
+@dataclass
+class StandIn:
+    """verl's DataProto in miniature: three fields, a checking constructor, verl-like pickling."""
+
+    batch: TensorDict | None = None
+    non_tensor_batch: dict = field(default_factory=dict)
+    meta_info: dict = field(default_factory=dict)
+    legacy_mode = "default"  # class attribute (not a field): which state __getstate__ writes
+    constructed = 0  # how many times the constructor ran
+    states_written = 0  # how many times __getstate__ ran
+
+    def __post_init__(self):
+        type(self).constructed += 1
+        if self.batch is not None and self.batch.batch_dims != 1:
+            raise ValueError("only one batch dimension")
+        if any(len(v) != len(self) for v in self.non_tensor_batch.values()):
+            raise ValueError("rows differ")
+
+    def __len__(self):
+        return 0 if self.batch is None else self.batch.batch_size[0]
+
+    def __getstate__(self):
+        type(self).states_written += 1
+        return legacy_numpy_state(self) if self.legacy_mode == "numpy" else legacy_default_state(self)
+
+    def __setstate__(self, state):  # reads the default state only
+        encoded, self.non_tensor_batch, self.meta_info = state
+        self.batch = torch.load(io.BytesIO(encoded), weights_only=False)
+
+
+def parts(drop: tuple[str, ...] = ()) -> tuple:
+    """The sample batch's three fields, without the batch keys in ``drop``."""
+    dp = sample_dataproto()
+    batch = dp.batch.exclude(*drop) if drop else dp.batch
+    return batch, dp.non_tensor_batch, dp.meta_info
+
+
+NOT_IN_NUMPY_MODE = ("extra",)  # verl's numpy mode writes top-level tensors only, not nested TensorDicts
+NOT_IN_DEFAULT_MODE = () if RAGGED_IDX_SURVIVES_TORCH_SAVE else ("position_ids_mrope",)
+
+
+@pytest.fixture
+def standin(monkeypatch):
+    """StandIn, unpatched; unpatched again (and in default legacy mode) after the test."""
+    monkeypatch.setattr(StandIn, "legacy_mode", "default")
+    yield StandIn
+    adp_verl.uninstall(StandIn)
+
+
+def buffer_ranges(buffers) -> list[tuple[int, int]]:
+    ranges = []
+    for b in buffers:
+        view = pa.py_buffer(b)
+        ranges.append((view.address, view.address + view.size))
+    return ranges
+
+
+# ---------------------------------------------------------------- Arrow pickles of a patched class
+
+
+def test_protocol5_round_trip_sends_tensor_bytes_out_of_band(standin):
+    original = standin(*parts())
+    adp_verl.install(standin)
+    buffers = []
+    data = pickle.dumps(original, protocol=5, buffer_callback=buffers.append)
+    ids = original.batch["input_ids"].numpy().tobytes()
+    assert MODULE in data and ids not in data
+    assert any(ids in bytes(b.raw()) for b in buffers)
+    restored = pickle.loads(data, buffers=buffers)
+    assert type(restored) is standin
+    assert_dataproto_equal(restored, original)
+
+
+@pytest.mark.parametrize("protocol", range(5))
+def test_lower_protocols_round_trip(standin, protocol):
+    original = standin(*parts())
+    adp_verl.install(standin)
+    data = pickle.dumps(original, protocol=protocol)
+    restored = pickle.loads(data)
+    assert type(restored) is standin
+    assert_dataproto_equal(restored, original)
+
+
+def test_receive_options_apply_and_constructor_is_not_rerun(standin):
+    original = standin(*parts())
+    adp_verl.install(standin)
+    buffers = []
+    data = pickle.dumps(original, protocol=5, buffer_callback=buffers.append)
+    ranges = buffer_ranges(buffers)
+
+    def inside(t: torch.Tensor) -> bool:
+        return any(lo <= t.data_ptr() < hi for lo, hi in ranges)
+
+    constructed = standin.constructed
+    copied = pickle.loads(data, buffers=buffers)
+    with receive_options(copy=False):
+        viewing = pickle.loads(data, buffers=buffers)
+    assert standin.constructed == constructed
+    assert not inside(copied.batch["input_ids"]) and inside(viewing.batch["input_ids"])
+    assert_dataproto_equal(viewing, original)
+
+
+def test_install_is_idempotent_and_uninstall_restores(standin):
+    before = dict(standin.__dict__)
+    assert adp_verl.install(standin) is standin and adp_verl.install(standin) is standin
+    assert adp_verl.is_installed(standin)
+    adp_verl.uninstall(standin)
+    assert not adp_verl.is_installed(standin)
+    assert dict(standin.__dict__) == before
+    original = standin(*parts(NOT_IN_DEFAULT_MODE))
+    data = pickle.dumps(original, protocol=5)
+    assert MODULE not in data
+    assert_dataproto_equal(pickle.loads(data), original)
+
+
+class SubStandIn(StandIn):
+    pass
+
+
+def test_subclasses_pickle_as_themselves(standin):
+    adp_verl.install(standin)
+    original = SubStandIn(*parts())
+    restored = pickle.loads(pickle.dumps(original, protocol=5))
+    assert type(restored) is SubStandIn
+    assert_dataproto_equal(restored, original)
+
+
+@pytest.mark.parametrize("receive_copy", [True, False])
+def test_copies_are_independent_of_receive_options(standin, receive_copy):
+    original = standin(*parts())
+    adp_verl.install(standin)
+    with receive_options(copy=receive_copy):
+        shallow, deep = copy.copy(original), copy.deepcopy(original)
+    for duplicate in (shallow, deep):
+        assert type(duplicate) is standin
+        assert_dataproto_equal(duplicate, original)
+        assert duplicate.batch["input_ids"].data_ptr() != original.batch["input_ids"].data_ptr()
+    assert shallow.non_tensor_batch is original.non_tensor_batch and shallow.meta_info is original.meta_info
+    assert deep.non_tensor_batch["reward_model"][0] is not original.non_tensor_batch["reward_model"][0]
+    assert deep.meta_info["global_token_num"] is not original.meta_info["global_token_num"]
+
+
+# ---------------------------------------------------------------- states pickled by an unpatched class
+
+
+@pytest.mark.parametrize(
+    "mode, drop",
+    [("default", NOT_IN_DEFAULT_MODE), ("numpy", NOT_IN_NUMPY_MODE)],
+)
+def test_unpatched_payloads_load_after_install(standin, mode, drop):
+    standin.legacy_mode = mode
+    original = standin(*parts(drop))
+    assert original.batch["responses_jagged"].is_nested  # jagged rows are part of the payload
+    payloads = [pickle.dumps(original, protocol=p) for p in (2, 5)]
+    assert all(MODULE not in p for p in payloads)
+    adp_verl.install(standin)
+    for payload in payloads:
+        restored = pickle.loads(payload)
+        assert type(restored) is standin
+        assert_dataproto_equal(restored, original)
+
+
+def test_numpy_mode_strided_nested_and_no_batch(standin):
+    strided = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 1)], layout=torch.strided)
+    batch = TensorDict({"s": strided, "b": torch.tensor([True, False])}, batch_size=[2])
+    with_batch = standin(batch, {"k": np.array(["x", "y"], dtype=object)}, {"step": 1})
+    without_batch = standin(None, {}, {"step": 2})
+    # (verl's default mode cannot send strided nested tensors: tensordict refuses to consolidate them)
+    cases = [(with_batch, legacy_numpy_state), (without_batch, legacy_numpy_state), (without_batch, legacy_default_state)]
+    adp_verl.install(standin)
+    for original, encode in cases:
+        restored = standin.__new__(standin)
+        restored.__setstate__(encode(original))
+        assert_dataproto_equal(restored, original)
+
+
+def test_numpy_mode_tensors_own_their_memory_even_without_copy(standin):
+    original = standin(TensorDict({"x": torch.arange(6.0).view(3, 2)}, batch_size=[3]))
+    state = legacy_numpy_state(original)
+    adp_verl.install(standin)
+    with receive_options(copy=False):
+        restored = standin.__new__(standin)
+        restored.__setstate__(state)
+    source = state[0][2]["x"][2]
+    assert restored.batch["x"].data_ptr() != source.ctypes.data
+    restored.batch["x"].add_(1)
+    assert torch.equal(original.batch["x"], torch.arange(6.0).view(3, 2))
+
+
+def _saved(obj) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def _dense(dtype="int64", shape=(2, 3), nbytes=48):
+    return (dtype, torch.Size(shape), np.zeros(nbytes, dtype=np.uint8))
+
+
+def _numpy_state(items, batch_size=(2,), device=None, non_tensor=None, meta_info=None):
+    non_tensor = {"uid": np.array(["a", "b"], dtype=object)} if non_tensor is None else non_tensor
+    return (batch_size, device, items), non_tensor, {} if meta_info is None else meta_info
+
+
+MALFORMED = {
+    "not a tuple": [b"", {}, {}],
+    "two fields": (b"", {}),
+    "batch of another type": (3, {}, {}),
+    "not torch.save bytes": (b"junk", {}, {}),
+    "truncated torch.save": (_saved(TensorDict({"x": torch.zeros(2)}, batch_size=[2]))[:50], {}, {}),
+    "torch.save of a tensor": (_saved(torch.zeros(2)), {}, {}),
+    "numpy batch of 2 fields": ((2, None), {}, {}),
+    "batch_size not ints": _numpy_state({"x": _dense()}, batch_size=("2",)),
+    "device not a str": _numpy_state({"x": _dense()}, device=0),
+    "items not a dict": _numpy_state([_dense()]),
+    "entry of 4 fields": _numpy_state({"x": (*_dense(), 0)}),
+    "unknown dtype": _numpy_state({"x": _dense(dtype="float99")}),
+    "dtype naming a torch function": _numpy_state({"x": _dense(dtype="save")}),
+    "too few bytes": _numpy_state({"x": _dense(nbytes=47)}),
+    "bytes not uint8": _numpy_state({"x": ("int64", torch.Size([2, 3]), np.zeros(6, dtype=np.int64))}),
+    "negative shape": _numpy_state({"x": _dense(shape=(2, -3))}),
+    "rows disagree with batch_size": _numpy_state({"x": _dense(shape=(3, 2))}),
+    "unknown layout": _numpy_state({"x": ("sparse", [_dense(shape=(2,), nbytes=16)] * 2)}),
+    "nested rows not a list": _numpy_state({"x": ("jagged", _dense())}),
+    "nested row not a triple": _numpy_state({"x": ("jagged", [("int64",)] * 2)}),
+    "two batch dims": _numpy_state({"x": _dense()}, batch_size=(2, 3)),
+    "non_tensor_batch not a dict": _numpy_state({"x": _dense()}, non_tensor=[]),
+    "non_tensor value not an array": _numpy_state({"x": _dense()}, non_tensor={"uid": ["a", "b"]}),
+    "non_tensor rows differ": _numpy_state({"x": _dense()}, non_tensor={"uid": np.array(["a"], dtype=object)}),
+    "meta_info not a dict": _numpy_state({"x": _dense()}, meta_info=[]),
+}
+
+
+@pytest.mark.parametrize("name", MALFORMED)
+def test_malformed_unpatched_states_raise_decode_error(standin, name):
+    adp_verl.install(standin)
+    with pytest.raises(DecodeError):
+        standin.__new__(standin).__setstate__(MALFORMED[name])
+
+
+# ---------------------------------------------------------------- selection, verl missing
+
+
+def test_without_verl_install_raises_import_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "verl.protocol", None)  # makes `import verl.protocol` fail
+    with pytest.raises(ImportError, match="needs verl") as info:
+        adp_verl.install()
+    assert isinstance(info.value, adp_verl.VerlNotFoundError)
+    monkeypatch.setenv(adp_verl.ENV_VAR, "arrow")
+    with pytest.raises(adp_verl.VerlNotFoundError):
+        adp_verl.install_from_env()
+
+
+@pytest.mark.parametrize("value", [None, "numpy", "Arrow", ""])
+def test_install_from_env_ignores_other_values(monkeypatch, value):
+    monkeypatch.setitem(sys.modules, "verl.protocol", None)  # any attempt to patch verl would raise
+    if value is None:
+        monkeypatch.delenv(adp_verl.ENV_VAR, raising=False)
+    else:
+        monkeypatch.setenv(adp_verl.ENV_VAR, value)
+    assert adp_verl.install_from_env() is False
+
+
+# ---------------------------------------------------------------- through Ray
+
+
+@pytest.fixture(scope="module")
+def echo_actor(ray_session):
+    @ray_session.remote(num_cpus=0)
+    class Echo:
+        """An actor in an unpatched worker: receives, and answers with what it saw."""
+
+        def inspect(self, dp):
+            return type(dp).__qualname__, to_ipc(dp)
+
+        def echo(self, dp):
+            return dp
+
+    # the worker imports this module to find StandIn
+    path = os.pathsep.join(filter(None, [os.path.dirname(__file__), os.environ.get("PYTHONPATH")]))
+    actor = Echo.options(runtime_env={"env_vars": {"PYTHONPATH": path}}).remote()
+    yield actor
+    ray_session.kill(actor)
+
+
+def test_ray_put_get_and_actor_argument(standin, ray_session, echo_actor):
+    original = standin(*parts(NOT_IN_DEFAULT_MODE))
+    adp_verl.install(standin)
+    written = standin.states_written
+    restored = ray_session.get(ray_session.put(original))
+    assert standin.states_written == written  # Ray pickled it through Arrow, not verl's state
+    assert type(restored) is standin
+    assert_dataproto_equal(restored, original)
+    name, ipc = ray_session.get(echo_actor.inspect.remote(original))
+    assert name == "StandIn"
+    assert_dataproto_equal(from_ipc(ipc, allow_pickle=True), original)
+    # the unpatched worker answers with the legacy state, which the patched driver loads
+    echoed = ray_session.get(echo_actor.echo.remote(original))
+    assert type(echoed) is standin
+    assert_dataproto_equal(echoed, original)
+
+
+# ---------------------------------------------------------------- the real verl.protocol.DataProto
+
+
+@pytest.fixture
+def verl_dataproto():
+    module = pytest.importorskip("verl.protocol", reason="verl is not installed (pip install --no-deps verl)")
+    cls = module.DataProto
+    assert not adp_verl.is_installed(cls)
+    yield cls
+    adp_verl.uninstall(cls)
+
+
+@pytest.mark.verl
+def test_verl_pickle_round_trip(verl_dataproto):
+    original = verl_dataproto(*parts())
+    assert adp_verl.install() is verl_dataproto
+    buffers = []
+    data = pickle.dumps(original, protocol=5, buffer_callback=buffers.append)
+    assert MODULE in data and buffers
+    for restored in (pickle.loads(data, buffers=buffers), pickle.loads(pickle.dumps(original, protocol=2))):
+        assert type(restored) is verl_dataproto
+        restored.check_consistency()
+        assert_dataproto_equal(restored, original)
+
+
+@pytest.mark.verl
+@pytest.mark.parametrize("mode, drop", [("default", NOT_IN_DEFAULT_MODE), ("numpy", NOT_IN_NUMPY_MODE)])
+def test_verl_unpatched_payloads_load_after_install(verl_dataproto, monkeypatch, mode, drop):
+    original = verl_dataproto(*parts(drop))
+    monkeypatch.setenv(adp_verl.ENV_VAR, mode)
+    payload = pickle.dumps(original, protocol=5)
+    assert MODULE not in payload
+    monkeypatch.delenv(adp_verl.ENV_VAR)  # the receiver needs no setting
+    adp_verl.install()
+    restored = pickle.loads(payload)
+    assert type(restored) is verl_dataproto
+    assert_dataproto_equal(restored, original)
+
+
+@pytest.mark.verl
+def test_verl_uninstall_restores_its_pickling(verl_dataproto, monkeypatch):
+    before = dict(verl_dataproto.__dict__)
+    monkeypatch.setenv(adp_verl.ENV_VAR, "arrow")
+    assert adp_verl.install_from_env() is True and adp_verl.is_installed()
+    adp_verl.uninstall()
+    assert dict(verl_dataproto.__dict__) == before
+    original = verl_dataproto(*parts(NOT_IN_DEFAULT_MODE))
+    data = pickle.dumps(original, protocol=5)
+    assert MODULE not in data
+    assert_dataproto_equal(pickle.loads(data), original)
+
+
+@pytest.mark.verl
+def test_verl_through_ray(verl_dataproto, ray_session, echo_actor):
+    original = verl_dataproto(*parts(NOT_IN_DEFAULT_MODE))
+    adp_verl.install()
+    restored = ray_session.get(ray_session.put(original))
+    assert type(restored) is verl_dataproto
+    assert_dataproto_equal(restored, original)
+    name, ipc = ray_session.get(echo_actor.inspect.remote(original))
+    assert name == "DataProto"
+    assert_dataproto_equal(from_ipc(ipc, allow_pickle=True), original)
+    assert_dataproto_equal(ray_session.get(echo_actor.echo.remote(original)), original)
+
+
+SETUP_HOOK_SCRIPT = textwrap.dedent(
+    """
+    import ray, torch
+    from tensordict import TensorDict
+    from verl.protocol import DataProto
+    from arrow_dataproto.integrations import verl as adp_verl
+
+    ray.init(address="local", num_cpus=1, object_store_memory=100 * 2**20, include_dashboard=False, runtime_env={
+        "env_vars": {"VERL_DATAPROTO_SERIALIZATION_METHOD": "arrow"},
+        "worker_process_setup_hook": "arrow_dataproto.integrations.verl.install_from_env",
+    })
+    assert adp_verl.install_from_env()
+
+    @ray.remote
+    class Worker:
+        def double(self, dp):
+            dp.batch["x"] = dp.batch["x"] * 2
+            return adp_verl.is_installed(), dp
+
+    dp = DataProto(TensorDict({"x": torch.arange(6).view(3, 2)}, batch_size=[3]))
+    patched, result = ray.get(Worker.remote().double.remote(dp))
+    assert patched and type(result) is DataProto, (patched, type(result))
+    assert torch.equal(result.batch["x"], torch.arange(6).view(3, 2) * 2)
+    print("hook ok")
+    """
+)
+
+
+@pytest.mark.verl
+def test_verl_env_var_selects_arrow_in_ray_workers(verl_dataproto, tmp_path):
+    """Its own Ray (a setup hook is per job): workers patched by the hook, driver by install_from_env."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env[adp_verl.ENV_VAR] = "arrow"  # the driver's own setting; runtime_env carries it to every worker
+    result = subprocess.run(
+        [sys.executable, "-c", SETUP_HOOK_SCRIPT], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0 and "hook ok" in result.stdout, result.stderr[-3000:]
