@@ -300,9 +300,16 @@ def _bounds(length: int, chunks: int) -> list[int]:
     return bounds
 
 
-def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+def _same_tensor(a: torch.Tensor | TensorDict, b: torch.Tensor | TensorDict) -> bool:
     if a is b:
         return True
+    if is_tensor_collection(a) or is_tensor_collection(b):  # a nested TensorDict: same keys, same leaves
+        return (
+            is_tensor_collection(a)
+            and is_tensor_collection(b)
+            and list(a.keys()) == list(b.keys())
+            and all(_same_tensor(a[k], b[k]) for k in a.keys())
+        )
     if a.is_nested or b.is_nested:
         ra, rb = a.unbind(), b.unbind()
         return len(ra) == len(rb) and all(torch.equal(x, y) for x, y in zip(ra, rb))

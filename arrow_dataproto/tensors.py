@@ -22,7 +22,9 @@ A view into a larger storage exports only its own bytes. Tensors on another
 device are copied to the CPU.
 
 Decoding validates every length and offset against the buffers present, then
-returns tensors that view the Arrow buffers (zero-copy) on the CPU.
+returns tensors that view the Arrow buffers (zero-copy) on the CPU. Values whose
+buffer is not aligned to their element size are copied (Arrow IPC aligns buffers
+to 8 bytes, complex128 needs 16).
 """
 
 from __future__ import annotations
@@ -71,7 +73,8 @@ def _flat_values(t: torch.Tensor, storage: Storage, element_shape: tuple[int, ..
         values = pa.ExtensionArray.from_storage(value_type, values)
     if element_shape == () and storage.pair == 1:
         return values
-    return pa.FixedSizeListArray.from_arrays(values, width)
+    # Not FixedSizeListArray.from_arrays: it refuses a width of 0 (rows with a zero-size dimension).
+    return pa.Array.from_buffers(pa.list_(values.type, width), t.shape[0], [None], children=[values])
 
 
 def _prepare(t: torch.Tensor) -> torch.Tensor:
@@ -144,7 +147,9 @@ def _encode_strided(name: str, t: torch.Tensor, storage: Storage) -> tuple[pa.Ar
     if not t.is_contiguous():
         t = t.contiguous()
     sizes = t._nested_tensor_size().contiguous()
-    if sizes.dim() != 2:
+    if t.size(0) == 0:  # torch keeps no row shape without rows: record 1-D rows
+        sizes = torch.zeros(0, 1, dtype=torch.int64)
+    if sizes.dim() != 2 or sizes.shape[1] == 0:
         raise column_error(EncodeError, name, "a strided nested tensor needs rows of at least one dimension")
     counts = sizes.prod(dim=1)
     offsets = torch.zeros(len(counts) + 1, dtype=torch.int64)
@@ -195,6 +200,8 @@ def _elements(name: str, child: pa.Array, storage: Storage, dtype: torch.dtype, 
         _no_nulls(name, child)
         flat = child.flatten()
     values = _primitive_tensor(name, flat, storage)
+    if values.data_ptr() % dtype.itemsize:  # torch crashes on misaligned complex128 (IPC aligns to 8 bytes only)
+        values = values.view(torch.uint8).clone().view(values.dtype)
     if storage.torch_view != dtype:
         values = values.view(dtype)
     return values.view(len(child), *element_shape)
@@ -213,9 +220,9 @@ def decode_tensor(name: str, array: pa.Array, meta: dict[str, str]) -> torch.Ten
         shape = json.loads(meta[SHAPE])
     except KeyError as e:
         raise _fail(name, f"missing metadata key {e.args[0]!r}") from None
-    except ValueError as e:
-        raise _fail(name, f"malformed shape metadata: {e}") from None
-    if not isinstance(shape, list) or not all(n is None or (isinstance(n, int) and n >= 0) for n in shape):
+    except (ValueError, RecursionError) as e:  # RecursionError: nested too deep
+        raise _fail(name, f"malformed shape metadata: {e!r}") from None
+    if not isinstance(shape, list) or not all(n is None or (isinstance(n, int) and 0 <= n < 2**63) for n in shape):
         raise _fail(name, f"malformed shape metadata {meta[SHAPE]!r}")
     storage = STORAGE[dtype]
     _no_nulls(name, array)
@@ -245,8 +252,10 @@ def _list_parts(name: str, array: pa.Array) -> tuple[torch.Tensor, pa.Array]:
     """Offsets rebased to 0 and the child slice they cover, for a (possibly sliced) large_list."""
     if not pa.types.is_large_list(array.type):
         raise _fail(name, f"type {array.type}, expected large_list")
+    if len(array) == 0:  # the offsets buffer of an empty list array may be absent
+        return torch.zeros(1, dtype=torch.int64), array.values.slice(0, 0)
     offsets = torch.from_dlpack(array.offsets)
-    start, end = (int(offsets[0]), int(offsets[-1])) if len(offsets) else (0, 0)
+    start, end = int(offsets[0]), int(offsets[-1])
     child = array.values
     if not 0 <= start <= end <= len(child) or (len(offsets) > 1 and bool((offsets[1:] < offsets[:-1]).any())):
         raise _fail(name, "list offsets out of order or outside the values")
@@ -261,8 +270,6 @@ def _decode_jagged(name, array, storage, dtype, shape, ragged_idx) -> torch.Tens
     ragged_idx = int(ragged_idx)
     if shape.count(None) != 1:
         raise _fail(name, f"jagged shape {shape} must have exactly one ragged dimension")
-    if len(array) == 0:
-        raise _fail(name, "a jagged column needs at least one row")
     offsets, child = _list_parts(name, array)
     element_shape = [n for n in shape if n is not None]
     values = _elements(name, child, storage, dtype, element_shape).movedim(0, ragged_idx - 1)
@@ -278,10 +285,15 @@ def _decode_strided(name, array, storage, dtype, shape) -> torch.Tensor:
     data, sizes_array = array.field("data"), array.field("shape")
     if sizes_array.type != pa.list_(pa.int64(), ndim):
         raise _fail(name, f"shape field of type {sizes_array.type}, expected fixed_size_list<int64>[{ndim}]")
+    if len(array) == 0:  # torch cannot view an empty buffer as rows (it crashes)
+        return torch.nested.nested_tensor([], dtype=dtype)
     _no_nulls(name, sizes_array)
     sizes = torch.from_dlpack(sizes_array.flatten()).view(len(array), ndim)
     offsets, child = _list_parts(name, data)
-    if bool((sizes < 0).any()) or not torch.equal(offsets[1:] - offsets[:-1], sizes.prod(dim=1)):
+    # Bound the products first: an int64 product that wraps around could match a row length.
+    if bool((sizes < 0).any()) or bool((sizes.clamp(min=1).double().prod(dim=1) > 2.0**62).any()):
+        raise _fail(name, "row shapes out of range")
+    if not torch.equal(offsets[1:] - offsets[:-1], sizes.prod(dim=1)):
         raise _fail(name, "row shapes do not match the row lengths")
     values = _elements(name, child, storage, dtype, [])
     strides = torch.ones_like(sizes)

@@ -50,8 +50,14 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     if a.numel() == 0:
         return True
-    a, b = (x.detach().cpu().contiguous().reshape(-1).view(torch.uint8) for x in (a, b))
-    return torch.equal(a, b)
+    return torch.equal(_bytes(a), _bytes(b))
+
+
+def _bytes(x: torch.Tensor) -> torch.Tensor:
+    flat = x.detach().cpu().contiguous().reshape(-1)
+    if flat.stride(0) != 1:  # a single element keeps whatever stride it had
+        flat = flat.clone(memory_format=torch.contiguous_format)
+    return flat.view(torch.uint8)
 
 
 def assert_tensor_equal(a: torch.Tensor, b: torch.Tensor, name: str = "") -> None:
