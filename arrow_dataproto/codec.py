@@ -23,7 +23,7 @@ import torch
 from tensordict import TensorDict, is_non_tensor, is_tensor_collection
 
 from . import objects
-from .errors import DecodeError, EncodeError, FormatVersionError
+from .errors import DecodeError, EncodeError, FormatVersionError, column_error
 from .tensors import DEVICE, decode_tensor, encode_tensor
 
 FORMAT_NAME = "arrow-dataproto"
@@ -158,7 +158,19 @@ def check_format(schema: pa.Schema) -> dict[str, str]:
             f"format version {version} is not readable by this version of arrow-dataproto, "
             f"which reads {FORMAT_VERSION[0]}.x"
         )
+    try:
+        _field_names(list(schema))
+    except UnicodeDecodeError as e:  # a corrupt payload
+        raise DecodeError(f"column names are not valid UTF-8: {e}") from None
     return metadata
+
+
+def _field_names(fields: list[pa.Field]) -> None:
+    """Read the name of every field, nested ones too (pyarrow decodes names on access)."""
+    for field in fields:
+        kind = field.type.storage_type if isinstance(field.type, pa.BaseExtensionType) else field.type
+        field.name  # pyarrow decodes the name here: UnicodeDecodeError if it is not UTF-8
+        _field_names([kind.field(i) for i in range(kind.num_fields)])
 
 
 def _json(metadata: dict[str, str], key: str) -> Any:
@@ -166,8 +178,8 @@ def _json(metadata: dict[str, str], key: str) -> Any:
         return json.loads(metadata[key])
     except KeyError:
         raise DecodeError(f"schema metadata lacks {key!r}") from None
-    except ValueError as e:
-        raise DecodeError(f"schema metadata {key!r} is not valid JSON: {e}") from None
+    except (ValueError, RecursionError) as e:  # RecursionError: nested too deep
+        raise DecodeError(f"schema metadata {key!r} is not valid JSON: {e!r}") from None
 
 
 def _count_leaves(tree: Any) -> int:
@@ -190,13 +202,44 @@ def _count_leaves(tree: Any) -> int:
     return count
 
 
+def _leaf_names(tree: list, prefix: str = "") -> list[str]:
+    """The column names :func:`to_arrow` gives the leaves of a tree that passed :func:`_count_leaves`."""
+    names: list[str] = []
+    for entry in tree:
+        if isinstance(entry, str):
+            names.append(prefix + entry)
+        else:
+            names += _leaf_names(entry[3], f"{prefix}{entry[0]}.")
+    return names
+
+
+def _check_offsets(name: str, array: pa.Array) -> None:
+    """What Arrow's full validation skips (pyarrow 26): a negative offset, and a fixed_size_list
+    whose values end before its offset + length. Either would let a view read outside the
+    buffers; only hand-built arrays (``Array.from_buffers``: a pickled state) can have them."""
+    if isinstance(array, pa.ExtensionArray):
+        array = array.storage
+    kind = array.type
+    if array.offset < 0:
+        raise column_error(DecodeError, name, f"negative array offset {array.offset}")
+    if pa.types.is_fixed_size_list(kind) and len(array.values) < (array.offset + len(array)) * kind.list_size:
+        raise column_error(DecodeError, name, "fixed_size_list values end before its offset + length")
+    if pa.types.is_struct(kind):
+        children = [array.field(i) for i in range(kind.num_fields)]
+    elif pa.types.is_fixed_size_list(kind) or pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        children = [array.values]
+    else:
+        children = []
+    for child in children:
+        _check_offsets(name, child)
+
+
 @lru_cache(maxsize=None)
 def _available(device: str) -> bool:
     try:
-        torch.empty(0, device=device)
+        return torch.empty(0, device=device).device.type != "meta"  # meta tensors would drop the data
     except (RuntimeError, AssertionError, ValueError):
         return False
-    return True
 
 
 class _Placement:
@@ -256,15 +299,22 @@ def from_arrow(
     leaves = _count_leaves(tree)
     if leaves > record_batch.num_columns:
         raise DecodeError(f"the tree names {leaves} tensor columns, the batch has {record_batch.num_columns}")
+    names = record_batch.schema.names
+    if names[:leaves] != _leaf_names(tree):
+        raise DecodeError(f"the tensor columns {names[:leaves]} are not the tree's leaves {_leaf_names(tree)}")
+    if len(set(names)) != len(names):
+        raise DecodeError(f"duplicate column names {sorted({n for n in names if names.count(n) > 1})}")
     try:
         record_batch.validate(full=True)
     except pa.ArrowException as e:
         raise DecodeError(f"invalid Arrow data: {e}") from e
+    for name, column in zip(names, record_batch.columns):
+        _check_offsets(name, column)
     placement = _Placement(device)
     fields = record_batch.schema
 
     def field_meta(i: int) -> dict[str, str]:
-        return {k.decode(): v.decode() for k, v in (fields[i].metadata or {}).items()}
+        return {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in (fields[i].metadata or {}).items()}
 
     tensors = []
     for i in range(leaves):
@@ -273,6 +323,10 @@ def from_arrow(
         target = placement(meta.get(DEVICE))
         if target is not None and target.type != "cpu":
             tensor = tensor.to(target)
+        elif copy and tensor.is_nested and tensor.layout == torch.jagged:  # its clone() shares the offsets
+            tensor = torch.nested.nested_tensor_from_jagged(
+                tensor.values().clone(), tensor.offsets().clone(), jagged_dim=tensor._ragged_idx
+            )
         elif copy:
             tensor = tensor.clone()
         tensors.append(tensor)
@@ -336,7 +390,7 @@ def from_ipc(
         source = buffer if isinstance(buffer, pa.Buffer) else pa.py_buffer(buffer)
         reader = pa.ipc.open_stream(source)
         batches = list(reader)
-    except (pa.ArrowException, TypeError, ValueError) as e:
+    except (pa.ArrowException, OSError, TypeError, ValueError) as e:  # pyarrow raises OSError for corrupt messages
         raise DecodeError(f"not a readable Arrow IPC stream: {e}") from e
     if not batches:
         raise DecodeError("the IPC stream holds no record batch")

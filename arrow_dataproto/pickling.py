@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
-from .errors import DecodeError
+from .errors import DecodeError, column_error
 
 
 @dataclass(frozen=True)
@@ -112,10 +112,26 @@ def _array(kind: pa.DataType, state: tuple) -> pa.Array:
         child_kinds = []
     if len(child_kinds) != len(children):
         raise DecodeError(f"pickled column of type {kind} has {len(children)} children, expected {len(child_kinds)}")
+    # Integers pyarrow can take (not too large, not negative); from_arrow checks the rest.
+    if not (
+        all(type(n) is int for n in (length, null_count, offset))
+        and 0 <= length < 2**63
+        and 0 <= offset < 2**63
+        and -1 <= null_count <= length
+    ):
+        raise DecodeError(f"array of type {kind}: bad length {length!r}, null count {null_count!r} or offset {offset!r}")
     buffers = [None if b is None else pa.py_buffer(b) for b in buffers]
     child_arrays = [_array(k, c) for k, c in zip(child_kinds, children)] or None
     storage = pa.Array.from_buffers(storage_kind, length, buffers, null_count, offset, child_arrays)
     return pa.ExtensionArray.from_storage(kind, storage) if storage_kind is not kind else storage
+
+
+def _column(field: pa.Field, state: tuple) -> pa.Array:
+    """One pickled column's array; :class:`DecodeError` naming the column if its state is corrupt."""
+    try:
+        return _array(field.type, state)
+    except (pa.ArrowException, OSError, TypeError, ValueError) as e:
+        raise column_error(DecodeError, field.name, f"corrupt pickled column: {e}") from e
 
 
 def batch_state(record_batch: pa.RecordBatch) -> tuple[bytes, int, list[tuple]]:
@@ -133,12 +149,12 @@ def batch_from_state(schema_bytes: bytes, num_rows: int, columns: list[tuple]) -
         schema = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
         if len(columns) != len(schema):
             raise DecodeError(f"pickled batch has {len(columns)} columns, its schema {len(schema)}")
-        arrays = [_array(f.type, c) for f, c in zip(schema, columns)]
+        arrays = [_column(f, c) for f, c in zip(schema, columns)]
         if not arrays:
             empty = pa.RecordBatch.from_struct_array(pa.array([{}] * num_rows, type=pa.struct([])))
             return empty.replace_schema_metadata(schema.metadata)
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
-    except (pa.ArrowException, TypeError, ValueError) as e:
+    except (pa.ArrowException, OSError, TypeError, ValueError) as e:  # pyarrow: OSError for corrupt schema bytes
         if isinstance(e, DecodeError):
             raise
         raise DecodeError(f"corrupt pickled DataProto: {e}") from e

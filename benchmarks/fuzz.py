@@ -1,0 +1,969 @@
+"""Mutation fuzzer for the arrow-dataproto decoders.
+
+Every case takes a valid payload made from a seed DataProto, mutates it, and
+decodes it in a worker subprocess, so that a segfault or a hang is caught and
+reported with the input that caused it. Targets:
+
+``ipc``, ``ipc-lz4``, ``ipc-zstd``
+    ``from_ipc(bytes)`` on an Arrow IPC stream (uncompressed / compressed),
+    as from an untrusted peer: ``allow_pickle=False``.
+``state``
+    ``pickling.rebuild_dataproto(*state)``: the state a DataProto pickles to
+    (schema bytes, row count, one ``(length, null_count, offset, buffers,
+    children)`` tree per column). A pickle is trusted by design (unpickling runs
+    code), so raw pickle bytes are not fuzzed; what is fuzzed is the state the
+    unpickler hands to the library, which must not let a lying length, offset
+    or buffer read outside the buffers. Seeds with pickled columns are left out
+    of this target (it decodes with ``allow_pickle=True``).
+``file``, ``file-zstd``
+    ``files.read_file(path)`` on an Arrow file of two batches (uncompressed /
+    compressed), ``allow_pickle=False``.
+
+Mutations: bit flips, interesting bytes and integers (biased towards the
+flatbuffer metadata), truncation, deletion, insertion and splices from other
+seeds' payloads; IPC message recombination (another seed's schema or batch,
+a duplicated or missing batch); edits of the schema and field metadata
+(format name, version, batch size, tree, device, dtype, shape, ragged_idx,
+kind, row shape, meta_info; swapped or renamed fields); for files, the same
+edits of the footer schema or of one batch's metadata; for ``state``, lying
+lengths, null counts, offsets, truncated/flipped/missing buffers and
+children, swapped or dropped columns. One case is one structural or byte
+mutation, sometimes followed by one or two byte (or state) mutations.
+
+Seeds (:data:`SEEDS`): the PPO sample of ``tests/utils.py``, a chunk of one,
+the golden ``kinds`` and ``pickled`` batches of ``scripts/make_golden.py``
+(every column kind), a nested TensorDict alone, zero-size dimensions, and a
+batch without tensors.
+
+Outcomes. Allowed:
+
+``exact``
+    the decode is bit-equal to the seed (``tests/utils.assert_dataproto_equal``);
+``valid``
+    the decode differs (the mutation produced another valid payload, e.g. a
+    flipped bit in tensor data: Arrow IPC carries no checksum) and is
+    self-consistent: re-encoding it with ``to_ipc`` and decoding that gives a
+    bit-equal DataProto (which reads every byte of every tensor);
+``error:<Class>``
+    a subclass of ``DataProtoError``.
+
+Findings: ``unexpected:<Class>`` (any other exception from the decoder),
+``inconsistent:<Class>`` (a decode that fails the self-consistency check),
+``crash:<signal>`` (the worker died) and ``hang`` (no answer within the
+per-case timeout). Each finding's input is saved for replay (as a pickle
+of ``(target, seed, payload)`` next to a JSON note).
+
+The worker runs with one torch thread and an 8 GiB address-space limit, so
+that a payload asking for a huge allocation fails (``MemoryError``, which is
+a finding unless the library turns it into its own error) instead of
+swamping the machine.
+
+Usage::
+
+    python benchmarks/fuzz.py --cases 100000 --jobs 2       # writes benchmarks/results/fuzz.md
+    python benchmarks/fuzz.py --replay 1234                 # rerun case 1234 here, with a traceback
+
+The run is deterministic: case ``n`` of a given ``--seed`` and ``--targets``
+is always the same input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import copy
+import json
+import multiprocessing
+import os
+import pickle
+import platform
+import random
+import re
+import resource
+import select
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+for _path in (str(ROOT), str(ROOT / "tests"), str(ROOT / "scripts")):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import torch  # noqa: E402
+from tensordict import TensorDict  # noqa: E402
+from make_golden import kinds_dataproto, pickled_dataproto  # noqa: E402  (scripts/make_golden.py)
+from utils import assert_dataproto_equal, sample_dataproto  # noqa: E402  (tests/utils.py)
+
+import arrow_dataproto as adp  # noqa: E402
+from arrow_dataproto import files as adp_files  # noqa: E402
+from arrow_dataproto import pickling  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+CASE_TIMEOUT_S = 20.0
+WORKER_START_TIMEOUT_S = 180.0
+WORKER_MEMORY_LIMIT = 8 * 1024**3  # address space: an allocation bomb fails instead of swamping the machine
+
+
+# ---------------------------------------------------------------- seeds
+
+
+def _tensors_only() -> adp.DataProto:
+    """A TensorDict two levels deep, no non-tensor columns and no meta_info."""
+    inner = TensorDict({"x": torch.arange(10, dtype=torch.float64).view(5, 2)}, batch_size=[5, 2])
+    td = TensorDict({"a": torch.arange(5), "sub": TensorDict({"inner": inner}, batch_size=[5])}, batch_size=[5])
+    return adp.DataProto(td)
+
+
+def _edge_shapes() -> adp.DataProto:
+    """Zero-size dimensions: an empty dense row shape, jagged rows of length 0 and with an empty
+    inner dimension, strided rows with no values."""
+    td = TensorDict(
+        {
+            "empty": torch.zeros(2, 0, 3),
+            "ragged": torch.nested.nested_tensor([torch.zeros(0), torch.arange(3.0)], layout=torch.jagged),
+            "hollow": torch.nested.nested_tensor([torch.zeros(0, 2), torch.zeros(0, 3)], layout=torch.jagged),
+            "flat": torch.nested.nested_tensor([torch.zeros(0, 2), torch.ones(1, 0)]),
+        },
+        batch_size=[2],
+    )
+    return adp.DataProto(td, {"n": np.zeros((2, 0), dtype=np.int64)})
+
+
+def _no_batch() -> adp.DataProto:
+    return adp.DataProto(None, {"uid": np.array(["u1", "u2", "u3"], dtype=object)}, {"k": 1})
+
+
+SEEDS: dict[str, Callable[[], adp.DataProto]] = {
+    "ppo": lambda: sample_dataproto(seed=0),
+    "ppo-chunk": lambda: sample_dataproto(rows=9, seed=1).chunk(3)[1],
+    "kinds": kinds_dataproto,
+    "tensors-only": _tensors_only,
+    "edge-shapes": _edge_shapes,
+    "no-batch": _no_batch,
+    "pickled": pickled_dataproto,
+}
+
+
+# ---------------------------------------------------------------- targets
+
+
+def _plain_state(value: Any) -> Any:
+    """A pickling state with every ``pa.Buffer`` turned into ``bytes`` and tuples into lists."""
+    if isinstance(value, pa.Buffer):
+        return value.to_pybytes()
+    if isinstance(value, (list, tuple)):
+        return [_plain_state(v) for v in value]
+    return value
+
+
+def _decode_state(state: list) -> adp.DataProto:
+    schema_bytes, num_rows, columns = state
+    return pickling.rebuild_dataproto(schema_bytes, num_rows, columns)
+
+
+def _encode_file(dp: adp.DataProto, compression: str | None) -> bytes:
+    """An Arrow file of the seed in two batches (one if it has a single row)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "seed.arrow")
+        adp_files.write_file(path, dp.chunk(min(2, len(dp))), compression=compression)
+        return Path(path).read_bytes()
+
+
+def _decode_file(payload: bytes) -> adp.DataProto:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "case.arrow")
+        Path(path).write_bytes(payload)
+        return adp_files.read_file(path)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A decoder under test: how a seed becomes a payload, how a payload is decoded and mutated."""
+
+    name: str
+    encode: Callable[[adp.DataProto], Any]
+    decode: Callable[[Any], adp.DataProto]
+    mutate: Callable[[Any, random.Random, "Corpus", "Target"], tuple[Any, str]]
+    seeds: tuple[str, ...] = tuple(SEEDS)
+
+
+def _ipc_target(compression: str | None) -> Target:
+    name = "ipc" if compression is None else f"ipc-{compression}"
+    return Target(
+        name,
+        encode=lambda dp: adp.to_ipc(dp, compression=compression).to_pybytes(),
+        decode=adp.from_ipc,
+        mutate=lambda payload, rng, corpus, target: _mutate_stream(payload, rng, corpus, target, compression),
+    )
+
+
+def targets() -> dict[str, Target]:
+    """The targets available in this checkout, by name."""
+    found = [_ipc_target(None), _ipc_target("lz4"), _ipc_target("zstd")]
+    found.append(
+        Target(
+            "state",
+            encode=lambda dp: _plain_state(pickling.batch_state(adp.to_arrow(dp))),
+            decode=_decode_state,
+            mutate=lambda payload, rng, corpus, target: _mutate_state(payload, rng, corpus),
+            seeds=tuple(s for s in SEEDS if s != "pickled"),
+        )
+    )
+    for compression in (None, "zstd"):
+        found.append(
+            Target(
+                "file" if compression is None else f"file-{compression}",
+                encode=lambda dp, c=compression: _encode_file(dp, c),
+                decode=_decode_file,
+                mutate=lambda payload, rng, corpus, target, c=compression: _mutate_file(payload, rng, corpus, target, c),
+            )
+        )
+    return {t.name: t for t in found}
+
+
+class Corpus:
+    """Seed DataProtos and their encoded payloads per target (built once per process)."""
+
+    def __init__(self, target_names: list[str] | None = None):
+        available = targets()
+        self.targets = [available[n] for n in (target_names or list(available))]
+        self.seeds = {name: build() for name, build in SEEDS.items()}
+        self.payloads = {(t.name, s): t.encode(self.seeds[s]) for t in self.targets for s in t.seeds}
+
+    def target(self, name: str) -> Target:
+        return next(t for t in self.targets if t.name == name)
+
+    def donor(self, target: Target, rng: random.Random) -> Any:
+        return self.payloads[target.name, rng.choice(target.seeds)]
+
+
+# ---------------------------------------------------------------- metadata edits
+
+INTERESTING_INTS = [
+    0, 1, -1, 2, 3, 7, 8, 16, 255, 256, 2**15, 2**16, 2**31 - 1, 2**31, -(2**31), 2**32,
+    2**53, 2**62, 2**63 - 1, -(2**63), 2**63, 2**64, 10**30,
+]
+JSON_JUNK = ["", "{", "null", "[]", "{}", '"x"', "[" * 100_000 + "]" * 100_000, "1e999", "NaN"]
+SCHEMA_VALUES = {
+    "adp.format": ["arrow-dataproto", "arrow-dataprot0", ""],
+    "adp.version": ["1.0", "1.99", "1.1", "2.0", "0.9", "1", "1.", ".1", "1.0.0", "01.0", "\u0661.0", "-1.0", "1.x",
+                    "99999999999999999999.0"],
+    "adp.batch_size": ["null", "[]", "[0]", "[1]", "[-1]", "[6, 2]", "[6.0]", '["6"]', "[true]",
+                       "[9223372036854775807]", "[18446744073709551616]", "6", "{}"],
+    "adp.device": ["null", '"cpu"', '"cuda"', '"cuda:0"', '"meta"', '"bogus"', '"cpu:1"', "5", "[]"],
+    "adp.tree": ["[]", "null", '[["x", [6], null, []]]', "[1]", '[["x"]]', '["x", "x"]', '[["x", [], null, "y"]]'],
+    "adp.meta_info.encoding": ["json", "pickle", "yaml", ""],
+    "adp.meta_info": ["[]", "gASVAAAAAAAAAAAu", base64.b64encode(b"\x80\x05junk").decode(), "!!"],
+}
+FIELD_VALUES = {
+    "adp.kind": ["tensor", "jagged", "strided", "numeric", "string", "object", "pickle", ""],
+    "adp.dtype": ["int8", "uint8", "int64", "float32", "bfloat16", "complex64", "complex128", "bool", "float8_e4m3fn",
+                  "bits16", "quint8", "bogus", "<i8", "<f4", "|b1", "|O", "<U5", "|S3", ">i4", "<M8[ns]", "<c8", "V8",
+                  '[["a", "<i4"]]', "<U99999999999", "<U1000000000", "[garbage"],
+    "adp.ragged_idx": ["0", "1", "2", "3", "-1", "", "x", "99999999999999999999", "1.5", "\u0662"],
+    "adp.device": ["cpu", "cuda", "cuda:0", "meta", "bogus", "cpu:1", ""],
+}
+SHAPE_ITEMS = [0, 1, 2, 3, 7, -1, None, 2**31, 2**32, 2**62, 2**63, 2**64, 1.5, "a", [1], True]
+
+
+def _decoded(meta: dict[bytes, bytes] | None) -> dict[str, str]:
+    return {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in (meta or {}).items()}
+
+
+def _flip_char(text: str, rng: random.Random) -> str:
+    data = bytearray(text.encode())
+    if not data:
+        return chr(rng.randrange(32, 127))
+    i = rng.randrange(len(data))
+    data[i] ^= 1 << rng.randrange(7)
+    return data.decode("utf-8", "replace")
+
+
+def _edit_shape(text: str, rng: random.Random) -> str:
+    try:
+        shape = json.loads(text)
+    except ValueError:
+        shape = []
+    if not isinstance(shape, list):
+        shape = []
+    op = rng.randrange(4)
+    if op == 0 and shape:
+        shape[rng.randrange(len(shape))] = rng.choice(SHAPE_ITEMS)
+    elif op == 1:
+        shape.insert(rng.randrange(len(shape) + 1), rng.choice(SHAPE_ITEMS))
+    elif op == 2 and shape:
+        shape.pop(rng.randrange(len(shape)))
+    else:
+        rng.shuffle(shape)
+    return json.dumps(shape)
+
+
+def _edit_tree(text: str, rng: random.Random) -> str:
+    try:
+        tree = json.loads(text)
+    except ValueError:
+        return text
+    if not isinstance(tree, list) or not tree:
+        return rng.choice(SCHEMA_VALUES["adp.tree"])
+    op = rng.randrange(4)
+    i = rng.randrange(len(tree))
+    if op == 0:
+        rng.shuffle(tree)
+    elif op == 1:
+        tree.pop(i)
+    elif op == 2:
+        tree.insert(i, tree[i])
+    elif isinstance(tree[i], str):
+        tree[i] = [tree[i], [rng.choice(INTERESTING_INTS)], None, [tree[i]]]
+    else:
+        tree[i] = tree[i][0]
+    return json.dumps(tree)
+
+
+def _edit_value(key: str, value: str, pool: dict[str, list[str]], rng: random.Random) -> str | None:
+    """A new value for metadata ``key`` (``None``: delete the key)."""
+    op = rng.randrange(10)
+    if op == 0:
+        return None
+    if op == 1:
+        return _flip_char(value, rng)
+    if op == 2:
+        return rng.choice(JSON_JUNK)
+    if key in ("adp.shape", "adp.row_shape", "adp.batch_size"):
+        return _edit_shape(value, rng)
+    if key == "adp.tree" and op < 6:
+        return _edit_tree(value, rng)
+    if key in pool:
+        return rng.choice(pool[key])
+    return _flip_char(value, rng)
+
+
+def _set(meta: dict[str, str], key: str, value: str | None) -> dict[str, str]:
+    meta = dict(meta)
+    if value is None:
+        meta.pop(key, None)
+    else:
+        meta[key] = value
+    return meta
+
+
+def edit_schema(schema: pa.Schema, rng: random.Random) -> tuple[pa.Schema, str]:
+    """One edit of the schema's or a field's metadata, or of the field names."""
+    fields = list(schema)
+    op = rng.choice(["schema", "schema", "version", "field", "field", "field", "swap-meta", "rename"])
+    if op in ("schema", "version"):
+        meta = _decoded(schema.metadata)
+        key = "adp.version" if op == "version" else rng.choice(sorted(set(meta) | set(SCHEMA_VALUES)))
+        value = rng.choice(SCHEMA_VALUES[key]) if op == "version" else _edit_value(key, meta.get(key, ""), SCHEMA_VALUES, rng)
+        return schema.with_metadata(_set(meta, key, value)), f"meta:{key}"
+    if not fields:
+        return schema, "meta:none"
+    i = rng.randrange(len(fields))
+    if op == "field":
+        meta = _decoded(fields[i].metadata)
+        key = rng.choice(sorted(set(meta) | {"adp.kind", "adp.dtype"}))
+        fields[i] = fields[i].with_metadata(_set(meta, key, _edit_value(key, meta.get(key, ""), FIELD_VALUES, rng)))
+        return pa.schema(fields, metadata=schema.metadata), f"field:{key}"
+    j = rng.randrange(len(fields))
+    if op == "swap-meta":
+        fields[i], fields[j] = fields[i].with_metadata(fields[j].metadata), fields[j].with_metadata(fields[i].metadata)
+        return pa.schema(fields, metadata=schema.metadata), "field:swap-metadata"
+    fields[i] = fields[i].with_name(rng.choice([fields[j].name, "", fields[i].name + "x"]))
+    return pa.schema(fields, metadata=schema.metadata), "field:rename"
+
+
+# ---------------------------------------------------------------- byte mutations
+
+
+@lru_cache(maxsize=64)
+def _stream_messages(payload: bytes) -> tuple[tuple[int, int, int], ...]:
+    """``(start, metadata_end, end)`` of each message of a valid IPC stream (the end-of-stream marker excluded)."""
+    spans, pos = [], 0
+    while pos + 8 <= len(payload):
+        length = struct.unpack_from("<i", payload, pos + 4)[0]
+        if length == 0:
+            break
+        message = pa.ipc.read_message(pa.py_buffer(payload[pos:]))
+        body = message.body.size if message.body is not None else 0
+        spans.append((pos, pos + 8 + length, pos + 8 + length + body))
+        pos += 8 + length + body
+    return tuple(spans)
+
+
+def _file_metadata_spans(payload: bytes) -> list[tuple[int, int]]:
+    """Where an Arrow file keeps its metadata: the embedded stream's message headers and the footer."""
+    footer_length = struct.unpack_from("<i", payload, len(payload) - 10)[0]
+    spans = [(len(payload) - 10 - footer_length, len(payload))]
+    try:
+        spans += [(start + 8, end) for start, end, _ in _stream_messages(payload[8:])]
+    except pa.ArrowException:
+        pass
+    return spans
+
+
+def _mutate_file(payload: bytes, rng: random.Random, corpus: Corpus, target: Target, compression) -> tuple[bytes, str]:
+    """One mutation of an Arrow file: an edit of the footer schema or of one batch's metadata, or bytes."""
+    if rng.random() < 0.3:
+        reader = pa.ipc.open_file(payload)
+        parts = [reader.get_batch_with_custom_metadata(i) for i in range(reader.num_record_batches)]
+        schema, footer = reader.schema, reader.metadata
+        i = rng.randrange(len(parts) + 1)
+        if i == len(parts):  # the footer schema, which every batch must match
+            schema, desc = edit_schema(schema, rng)
+            desc = f"footer-{desc}"
+        else:
+            batch, custom = parts[i]
+            edited, desc = edit_schema(pa.schema([], metadata=custom), rng)
+            parts[i] = (batch, edited.metadata)
+            desc = f"batch-{desc}"
+        sink = pa.BufferOutputStream()
+        options = pa.ipc.IpcWriteOptions(compression=compression, allow_64bit=True)
+        with pa.ipc.new_file(sink, schema, options=options, metadata=footer) as writer:
+            for batch, custom in parts:
+                writer.write_batch(pa.RecordBatch.from_arrays(batch.columns, schema=schema), custom_metadata=custom)
+        return sink.getvalue().to_pybytes(), desc
+    return _mutate_bytes(payload, rng, corpus.donor(target, rng), _file_metadata_spans(payload))
+
+
+def _position(payload: bytes, rng: random.Random, spans: list[tuple[int, int]]) -> int:
+    """A random offset in ``payload``: half the time inside the metadata spans."""
+    if spans and rng.random() < 0.5:
+        start, end = rng.choice(spans)
+        return rng.randrange(start, max(start + 1, min(end, len(payload))))
+    return rng.randrange(max(1, len(payload)))
+
+
+def _mutate_bytes(payload: bytes, rng: random.Random, donor: bytes, spans=()) -> tuple[bytes, str]:
+    """One byte-level mutation of ``payload``; ``donor`` supplies splices, ``spans`` the metadata to favour."""
+    data = bytearray(payload)
+    if not data:
+        return rng.randbytes(rng.randrange(1, 64)), "bytes:random"
+    op = rng.choice(["bitflip", "bitflip", "byte", "int", "int", "digits", "truncate", "delete", "insert", "splice"])
+    pos = _position(data, rng, spans)
+    if op == "digits":  # a number inside JSON metadata (shapes, batch sizes, extension shapes), same length
+        runs = [m.span() for m in re.finditer(rb"\d+", bytes(data))]
+        if runs:
+            start, end = rng.choice(runs)
+            digits = rng.choice(["0" * (end - start), "9" * (end - start), str(rng.randrange(10 ** (end - start)))])
+            data[start:end] = digits.rjust(end - start, "0").encode()
+    elif op == "bitflip":
+        for _ in range(rng.randrange(1, 9)):
+            data[_position(data, rng, spans)] ^= 1 << rng.randrange(8)
+    elif op == "byte":
+        data[pos] = rng.choice([0x00, 0x01, 0x7F, 0x80, 0xFF, rng.randrange(256)])
+    elif op == "int":
+        width = rng.choice([4, 8])
+        pos -= pos % width
+        if pos + width <= len(data):
+            old = int.from_bytes(data[pos : pos + width], "little", signed=True)
+            value = rng.choice(INTERESTING_INTS + [old + 1, old - 1, old * 2, old + 8, -old])
+            data[pos : pos + width] = (value % (1 << (8 * width))).to_bytes(width, "little")
+    elif op == "truncate":
+        del data[pos:]
+    elif op == "delete":
+        del data[pos : pos + rng.choice([1, 4, 8, rng.randrange(1, 256)])]
+    elif op == "insert":
+        data[pos:pos] = rng.randbytes(rng.choice([1, 4, 8, rng.randrange(1, 64)]))
+    else:
+        start = rng.randrange(len(donor))
+        chunk = donor[start : start + rng.randrange(1, 512)]
+        data[pos : pos + (len(chunk) if rng.random() < 0.5 else 0)] = chunk
+    return bytes(data), f"bytes:{op}"
+
+
+def _write_stream(batches: list[pa.RecordBatch], schema: pa.Schema, compression: str | None) -> bytes:
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression=compression, allow_64bit=True)
+    with pa.ipc.new_stream(sink, schema, options=options) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def _read_stream(payload: bytes) -> pa.RecordBatch:
+    return pa.ipc.open_stream(payload).read_next_batch()
+
+
+def _mutate_stream(payload: bytes, rng: random.Random, corpus: Corpus, target: Target, compression) -> tuple[bytes, str]:
+    """One mutation of an IPC stream: a metadata edit, a message recombination, or a byte mutation."""
+    op = rng.random()
+    if op < 0.3:
+        batch = _read_stream(payload)
+        schema, desc = edit_schema(batch.schema, rng)
+        if rng.random() < 0.2 and batch.num_columns > 1:  # schema/body mismatch: swap two columns, fields and all
+            i, j = rng.sample(range(batch.num_columns), 2)
+            order = list(range(batch.num_columns))
+            order[i], order[j] = j, i
+            swapped = pa.schema([schema.field(k) for k in order], metadata=schema.metadata)
+            batch = pa.RecordBatch.from_arrays([batch.column(k) for k in order], schema=swapped)
+            return _write_stream([batch], swapped, compression), "columns:swap"
+        return _write_stream([pa.RecordBatch.from_arrays(batch.columns, schema=schema)], schema, compression), desc
+    if op < 0.45:
+        return _recombine(payload, rng, corpus, target)
+    spans = [(start, meta_end) for start, meta_end, _ in _stream_messages(payload)]
+    return _mutate_bytes(payload, rng, corpus.donor(target, rng), spans)
+
+
+EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+def _recombine(payload: bytes, rng: random.Random, corpus: Corpus, target: Target) -> tuple[bytes, str]:
+    """Rebuild a stream from whole messages: another seed's schema or batch, a batch twice, none, no end marker."""
+    (schema, batch) = [payload[s:e] for s, _, e in _stream_messages(payload)]
+    donor = corpus.donor(target, rng)
+    donor_schema, donor_batch = [donor[s:e] for s, _, e in _stream_messages(donor)]
+    op = rng.choice(["donor-schema", "donor-batch", "batch-twice", "two-batches", "no-batch", "no-eos"])
+    parts = {
+        "donor-schema": [donor_schema, batch, EOS],
+        "donor-batch": [schema, donor_batch, EOS],
+        "batch-twice": [schema, batch, batch, EOS],
+        "two-batches": [schema, batch, donor_batch, EOS],
+        "no-batch": [schema, EOS],
+        "no-eos": [schema, batch],
+    }[op]
+    return b"".join(parts), f"messages:{op}"
+
+
+# ---------------------------------------------------------------- state mutations
+
+
+def _nodes(columns: list) -> list[list]:
+    """Every array state in ``columns``, children included (each a mutable 5-item list)."""
+    found = []
+    for node in columns:
+        found.append(node)
+        found.extend(_nodes(node[4]))
+    return found
+
+
+def _mutate_buffer(data: bytes | None, rng: random.Random) -> tuple[bytes | None, str]:
+    if data is None:
+        return rng.randbytes(rng.choice([1, 8, 64])), "buffer:fill"
+    op = rng.choice(["truncate", "truncate", "flip", "flip", "int", "none", "grow"])
+    if op == "truncate":
+        return data[: rng.randrange(len(data) + 1)], "buffer:truncate"
+    if op == "none":
+        return None, "buffer:none"
+    if op == "grow":
+        return data + bytes(rng.choice([1, 8, 4096])), "buffer:grow"
+    buf = bytearray(data)
+    if buf and op == "flip":
+        buf[rng.randrange(len(buf))] ^= 1 << rng.randrange(8)
+    elif len(buf) >= 8:
+        pos = rng.randrange(len(buf) // 8) * 8
+        buf[pos : pos + 8] = (rng.choice(INTERESTING_INTS) % 2**64).to_bytes(8, "little")
+    return bytes(buf), f"buffer:{op}"
+
+
+def _mutate_state(state: list, rng: random.Random, corpus: Corpus) -> tuple[list, str]:
+    """One mutation of a pickling state: its schema, row count, or one array node."""
+    schema_bytes, num_rows, columns = copy.deepcopy(state)
+    op = rng.random()
+    if op < 0.15:
+        try:
+            schema = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
+        except (pa.ArrowException, OSError):  # already mutated beyond reading: mutate its bytes instead
+            op = 0.2
+        else:
+            schema, desc = edit_schema(schema, rng)
+            return [schema.serialize().to_pybytes(), num_rows, columns], desc
+    if op < 0.25:
+        mutated, desc = _mutate_bytes(schema_bytes, rng, corpus.donor(corpus.target("state"), rng)[0])
+        return [mutated, num_rows, columns], f"schema-{desc}"
+    if op < 0.3:
+        donor = corpus.donor(corpus.target("state"), rng)
+        return [donor[0], num_rows, columns], "schema:donor"
+    if op < 0.35:
+        return [schema_bytes, rng.choice(INTERESTING_INTS + [None, "3"]), columns], "num_rows"
+    if op < 0.4 and columns:
+        i, j = rng.randrange(len(columns)), rng.randrange(len(columns))
+        kind = rng.choice(["swap", "drop", "duplicate"])
+        if kind == "swap":
+            columns[i], columns[j] = columns[j], columns[i]
+        elif kind == "drop":
+            columns.pop(i)
+        else:
+            columns.insert(i, copy.deepcopy(columns[j]))
+        return [schema_bytes, num_rows, columns], f"columns:{kind}"
+    nodes = _nodes(columns)
+    if not nodes:
+        return [schema_bytes, num_rows, columns], "columns:empty"
+    node = rng.choice(nodes)
+    part = rng.choice(["length", "null_count", "offset", "buffers", "buffers", "buffers", "children"])
+    if part in ("length", "null_count", "offset"):
+        index = ("length", "null_count", "offset").index(part)
+        near = [node[index] + 1, node[index] - 1] if isinstance(node[index], int) else []
+        node[index] = rng.choice(INTERESTING_INTS + near + ["1", 1.0])
+        return [schema_bytes, num_rows, columns], f"node:{part}"
+    if part == "buffers" and node[3]:
+        i = rng.randrange(len(node[3]))
+        how = rng.random()
+        if how < 0.1:
+            node[3].pop(i)
+            return [schema_bytes, num_rows, columns], "buffers:drop"
+        if how < 0.15:
+            node[3].append(node[3][i])
+            return [schema_bytes, num_rows, columns], "buffers:extra"
+        node[3][i], desc = _mutate_buffer(node[3][i], rng)
+        return [schema_bytes, num_rows, columns], desc
+    other = rng.choice(nodes)
+    if node[4] and rng.random() < 0.5:
+        node[4].pop(rng.randrange(len(node[4])))
+        return [schema_bytes, num_rows, columns], "children:drop"
+    node[4].append(copy.deepcopy(other))
+    return [schema_bytes, num_rows, columns], "children:extra"
+
+
+# ---------------------------------------------------------------- cases
+
+
+@dataclass
+class Case:
+    number: int
+    target: str
+    seed: str
+    mutation: str
+    payload: Any
+
+
+def make_case(number: int, base_seed: int, corpus: Corpus) -> Case:
+    """Case ``number``: a target (round robin), a seed, and one to three stacked mutations."""
+    rng = random.Random(f"{base_seed}:{number}")
+    target = corpus.targets[number % len(corpus.targets)]
+    seed = rng.choice(target.seeds)
+    payload = corpus.payloads[target.name, seed]
+    payload, desc = target.mutate(payload, rng, corpus, target)
+    descs = [desc]
+    for _ in range(rng.choice([0, 0, 0, 1, 2])):  # stacked mutations: structural ones need a valid payload
+        if isinstance(payload, bytes):
+            payload, desc = _mutate_bytes(payload, rng, corpus.donor(target, rng))
+        else:
+            payload, desc = _mutate_state(payload, rng, corpus)
+        descs.append(desc)
+    return Case(number, target.name, seed, "+".join(descs), payload)
+
+
+def check_consistent(dp: adp.DataProto) -> None:
+    """Raise unless ``dp`` is a usable DataProto: it re-encodes, and decoding that is bit-equal to it."""
+    dp.check_consistency()
+    assert_dataproto_equal(dp, adp.from_ipc(adp.to_ipc(dp), allow_pickle=True))
+
+
+def check_case(target: Target, original: adp.DataProto, payload: Any) -> tuple[str, str]:
+    """Decode ``payload`` and classify the result (see the module docstring)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            decoded = target.decode(payload)
+    except adp.DataProtoError as e:
+        return f"error:{type(e).__name__}", str(e)[:300]
+    except Exception as e:  # noqa: BLE001 -- any other exception is what we are looking for
+        return f"unexpected:{type(e).__name__}", "".join(traceback.format_exception(e)[-6:])[-2000:]
+    try:
+        assert_dataproto_equal(original, decoded)
+        return "exact", ""
+    except Exception:  # noqa: BLE001 -- not equal (or not even comparable): judged by the check below
+        pass
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            check_consistent(decoded)
+    except Exception as e:  # noqa: BLE001
+        return f"inconsistent:{type(e).__name__}", "".join(traceback.format_exception(e)[-6:])[-2000:]
+    return "valid", ""
+
+
+def is_finding(outcome: str) -> bool:
+    return not (outcome in ("exact", "valid") or outcome.startswith("error:"))
+
+
+# ---------------------------------------------------------------- worker process
+
+
+def _send(fd: int, message: Any) -> None:
+    data = pickle.dumps(message, protocol=5)
+    os.write(fd, struct.pack("<Q", len(data)))
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _receive(fd: int) -> Any:
+    """The next message on ``fd``; ``EOFError`` if the other side is gone."""
+    header = _read_exact(fd, 8)
+    return pickle.loads(_read_exact(fd, struct.unpack("<Q", header)[0]))
+
+
+def _read_exact(fd: int, size: int) -> bytes:
+    chunks = []
+    while size:
+        chunk = os.read(fd, min(size, 1 << 20))
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def _selftest_decode(payload: Any) -> adp.DataProto:
+    """The harness's own check: ``b"crash"`` kills the worker with SIGSEGV, ``b"hang"`` never returns."""
+    if payload == b"crash":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    while payload == b"hang":
+        time.sleep(1)
+    raise ValueError("selftest payload")
+
+
+def worker_main() -> None:
+    """Decode cases read from stdin, answer ``(outcome, detail)`` on stdout, forever."""
+    resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_LIMIT, WORKER_MEMORY_LIMIT))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    torch.set_num_threads(1)
+    out_fd = os.dup(1)
+    os.dup2(2, 1)  # stray prints must not corrupt the protocol
+    corpus = Corpus()
+    selftest = Target("selftest", encode=None, decode=_selftest_decode, mutate=None)
+    _send(out_fd, "ready")
+    while True:
+        try:
+            target_name, seed, payload = _receive(0)
+        except EOFError:
+            return
+        target = selftest if target_name == "selftest" else corpus.target(target_name)
+        _send(out_fd, check_case(target, corpus.seeds.get(seed), payload))
+
+
+class Worker:
+    """A decoder subprocess fed cases over a pipe; restarted after a crash or a hang."""
+
+    def __init__(self, timeout: float = CASE_TIMEOUT_S):
+        self.timeout = timeout
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+
+    def _start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            bufsize=0,
+            cwd=ROOT,
+        )
+        try:
+            self._wait(WORKER_START_TIMEOUT_S)  # "ready"
+        except (TimeoutError, EOFError):
+            raise RuntimeError("the fuzz worker did not start: run `python benchmarks/fuzz.py --worker` to see why") from None
+
+    def _wait(self, timeout: float) -> Any:
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            raise TimeoutError
+        return _receive(self.proc.stdout.fileno())
+
+    def _stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        code = self.proc.wait()
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+        self.proc = None
+        self.restarts += 1
+        return code
+
+    def run(self, target: str, seed: str, payload: Any) -> tuple[str, str]:
+        """``(outcome, detail)`` of one case; ``crash:<signal>`` or ``hang`` when the worker fails."""
+        if self.proc is None:
+            self._start()
+        try:
+            _send(self.proc.stdin.fileno(), (target, seed, payload))
+            return self._wait(self.timeout)
+        except TimeoutError:
+            self._stop()
+            return "hang", f"no answer within {self.timeout:.0f} s"
+        except (EOFError, BrokenPipeError):
+            code = self._stop()
+            name = signal.Signals(-code).name if code < 0 else f"exit {code}"
+            return f"crash:{name}", f"worker died ({name})"
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+            self.proc.stdout.close()
+            self.proc = None
+
+
+# ---------------------------------------------------------------- runs
+
+
+@dataclass
+class Summary:
+    cases: int = 0
+    outcomes: Counter = field(default_factory=Counter)  # (target, outcome) -> count
+    mutations: Counter = field(default_factory=Counter)  # (first mutation, allowed outcome class) -> count
+    findings: list[dict] = field(default_factory=list)
+    restarts: int = 0
+
+    def add(self, other: "Summary") -> None:
+        self.cases += other.cases
+        self.outcomes.update(other.outcomes)
+        self.mutations.update(other.mutations)
+        self.findings.extend(other.findings)
+        self.restarts += other.restarts
+
+
+def save_finding(case: Case, outcome: str, detail: str, out_dir: Path) -> dict:
+    """Write the case's input (``.pkl``: ``(target, seed, payload)``) and a note; return the record."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / f"{case.target}-{case.number}"
+    stem.with_suffix(".pkl").write_bytes(pickle.dumps((case.target, case.seed, case.payload), protocol=5))
+    record = {"case": case.number, "target": case.target, "seed": case.seed, "mutation": case.mutation,
+              "outcome": outcome, "detail": detail, "input": str(stem.with_suffix(".pkl"))}
+    stem.with_suffix(".json").write_text(json.dumps(record, indent=1))
+    return record
+
+
+def fuzz(numbers: range, base_seed: int = 0, target_names: list[str] | None = None,
+         out_dir: Path = RESULTS / "fuzz_findings", timeout: float = CASE_TIMEOUT_S,
+         progress: bool = False, worker: Worker | None = None) -> Summary:
+    """Run cases ``numbers`` through one worker process (``worker``, or a new one closed at
+    the end); findings are saved under ``out_dir``."""
+    corpus = Corpus(target_names)
+    own_worker = worker is None
+    worker = worker or Worker(timeout)
+    restarts = worker.restarts
+    summary = Summary()
+    started = time.time()
+    try:
+        for count, number in enumerate(numbers, 1):
+            case = make_case(number, base_seed, corpus)
+            outcome, detail = worker.run(case.target, case.seed, case.payload)
+            summary.cases += 1
+            summary.outcomes[case.target, outcome] += 1
+            allowed = "finding" if is_finding(outcome) else ("decoded" if outcome in ("exact", "valid") else "error")
+            summary.mutations[case.mutation.split("+")[0].split(":")[0], allowed] += 1
+            if is_finding(outcome):
+                summary.findings.append(save_finding(case, outcome, detail, out_dir))
+            if progress and count % 2000 == 0:
+                rate = count / (time.time() - started)
+                print(f"[{numbers.start % numbers.step}] {count}/{len(numbers)} cases, {rate:.0f}/s, "
+                      f"{len(summary.findings)} findings", flush=True)
+    finally:
+        if own_worker:
+            worker.close()
+    summary.restarts = worker.restarts - restarts
+    return summary
+
+
+def _shard(args: tuple) -> Summary:
+    numbers, base_seed, target_names, out_dir, timeout = args
+    return fuzz(numbers, base_seed, target_names, out_dir, timeout, progress=True)
+
+
+def replay(number: int, base_seed: int, target_names: list[str] | None) -> None:
+    """Rebuild case ``number`` and decode it in this process, showing the full traceback."""
+    corpus = Corpus(target_names)
+    case = make_case(number, base_seed, corpus)
+    print(f"case {number}: target {case.target}, seed {case.seed}, mutation {case.mutation}")
+    decoded = corpus.target(case.target).decode(case.payload)
+    print("decoded:", decoded)
+    print(check_case(corpus.target(case.target), corpus.seeds[case.seed], case.payload))
+
+
+def selftest(timeout: float = 5.0) -> dict[str, str]:
+    """Check that the harness reports a crash and a hang (outcome per selftest input)."""
+    worker = Worker(timeout)
+    try:
+        return {p.decode(): worker.run("selftest", "", p)[0] for p in (b"error", b"crash", b"hang")}
+    finally:
+        worker.close()
+
+
+def write_summary(summary: Summary, path: Path, command: str, wall: float, jobs: int, names: list[str]) -> None:
+    outcomes = sorted({o for _, o in summary.outcomes}, key=lambda o: (is_finding(o), o))
+    lines = [
+        "# Fuzzing the decoders",
+        "",
+        f"Command: `{command}`  ",
+        f"Machine: {os.cpu_count()} cores, Python {platform.python_version()}, pyarrow {pa.__version__}, "
+        f"torch {torch.__version__}; {jobs} worker processes.  ",
+        f"Cases: **{summary.cases}**, wall time **{wall:.0f} s** ({summary.cases / wall:.0f} cases/s), "
+        f"worker restarts {summary.restarts}.  ",
+        f"Findings (crashes, hangs, unexpected exceptions, inconsistent decodes): **{len(summary.findings)}**.",
+        "",
+        "Outcomes by target (see the docstring of `benchmarks/fuzz.py` for their definitions):",
+        "",
+        "| target | " + " | ".join(outcomes) + " | total |",
+        "|---|" + "---:|" * (len(outcomes) + 1),
+    ]
+    for name in names:
+        counts = [summary.outcomes[name, o] for o in outcomes]
+        lines.append(f"| {name} | " + " | ".join(map(str, counts)) + f" | {sum(counts)} |")
+    lines += ["", "Outcome class by first mutation:", "", "| mutation | decoded | library error | finding |",
+              "|---|---:|---:|---:|"]
+    for kind in sorted({k for k, _ in summary.mutations}):
+        row = [summary.mutations[kind, c] for c in ("decoded", "error", "finding")]
+        lines.append(f"| {kind} | " + " | ".join(map(str, row)) + " |")
+    if summary.findings:
+        lines += ["", "## Findings", ""]
+        for f in summary.findings:
+            lines.append(f"- case {f['case']} ({f['target']}, seed {f['seed']}, {f['mutation']}): "
+                         f"`{f['outcome']}`, input `{f['input']}`")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", type=int, default=100_000)
+    parser.add_argument("--start", type=int, default=0, help="first case number")
+    parser.add_argument("--seed", type=int, default=0, help="base seed: case n of seed s is always the same input")
+    parser.add_argument("--jobs", type=int, default=2, help="parallel worker processes")
+    parser.add_argument("--targets", nargs="*", help=f"default: all of {list(targets())}")
+    parser.add_argument("--timeout", type=float, default=CASE_TIMEOUT_S, help="seconds per case")
+    parser.add_argument("--out", type=Path, default=RESULTS / "fuzz.md")
+    parser.add_argument("--replay", type=int, help="rerun one case in this process")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker_main()
+        return 0
+    if args.replay is not None:
+        replay(args.replay, args.seed, args.targets)
+        return 0
+    names = args.targets or list(targets())
+    checks = selftest()
+    if not (checks["crash"].startswith("crash:") and checks["hang"] == "hang"):
+        raise SystemExit(f"the harness does not catch crashes and hangs: {checks}")
+    started = time.time()
+    end = args.start + args.cases
+    shards = [(range(args.start + k, end, args.jobs), args.seed, names, RESULTS / "fuzz_findings", args.timeout)
+              for k in range(args.jobs)]
+    summary = Summary()
+    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for part in pool.map(_shard, shards):
+            summary.add(part)
+    wall = time.time() - started
+    command = "python benchmarks/fuzz.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    write_summary(summary, args.out, command.strip(), wall, args.jobs, names)
+    print(args.out.read_text())
+    return 1 if summary.findings else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
