@@ -5,11 +5,14 @@ Public API::
     DataProto, DataProtoItem                   the batch container (verl-compatible)
     to_arrow, from_arrow, to_ipc, from_ipc     the codec
     receive_options, set_receive_options       what an unpickled DataProto copies and where it goes
+    write_file, FileWriter, open_file,         Arrow IPC files of batches (arrow_dataproto.files)
+    read_file, open_dataset, recover_file
     DataProtoError and its subclasses          every error the library raises
 """
 
 from .codec import FORMAT_VERSION, from_arrow, from_ipc, to_arrow, to_ipc
 from .errors import (
+    ColumnNotFoundError,
     DataProtoError,
     DecodeError,
     EncodeError,
@@ -17,6 +20,7 @@ from .errors import (
     PickleNotAllowedError,
     SchemaMismatchError,
 )
+from .files import FileWriter, open_dataset, open_file, read_file, recover_file, write_file
 from .pickling import ReceiveOptions, get_receive_options, receive_options, set_receive_options
 from .protocol import DataProto, DataProtoItem
 
@@ -34,6 +38,13 @@ __all__ = [
     "get_receive_options",
     "receive_options",
     "set_receive_options",
+    "write_file",
+    "FileWriter",
+    "open_file",
+    "read_file",
+    "open_dataset",
+    "recover_file",
+    "ColumnNotFoundError",
     "DataProtoError",
     "DecodeError",
     "EncodeError",

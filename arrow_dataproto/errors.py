@@ -37,6 +37,10 @@ class SchemaMismatchError(DataProtoError, ValueError):
     """A batch does not match the schema of the file or batches it is combined with."""
 
 
+class ColumnNotFoundError(DataProtoError, KeyError):
+    """A column asked for by name is not in the file or batch."""
+
+
 def column_error(cls: type[DataProtoError], column: str, message: str) -> DataProtoError:
     """Build ``cls`` with a message that names the column it concerns."""
     return cls(f"column {column!r}: {message}")

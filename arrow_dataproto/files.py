@@ -1,0 +1,918 @@
+"""DataProto batches in Arrow IPC files: write, append, open, read rows and columns, recover.
+
+A file is an Arrow IPC *file* (the random-access format, ``.arrow``; pyarrow,
+``pandas.read_feather``, polars and DuckDB open it) holding one record batch
+per DataProto written, every batch with the same columns. Layout:
+
+- the footer schema is the first batch's schema: the columns, their field
+  metadata (torch dtype, per-row shape, device, layout) and that batch's schema
+  metadata (see :mod:`arrow_dataproto.codec`);
+- every batch carries its own schema metadata as the batch's custom metadata,
+  so its batch size, TensorDict tree and ``meta_info`` read back exactly;
+- the footer metadata records the compression (``adp.compression``).
+
+Reading (:func:`open_file`) is zero-copy for uncompressed files: each read call
+maps the file privately (``mmap.ACCESS_COPY``) and decoded tensors view the
+mapped pages, so nothing is read from disk until a tensor is touched. An
+in-place write to such a tensor copies the touched page privately: it never
+changes the file, nor what another read call returns (each call has its own
+mapping; tensors from one call share it). A mapping lives as long as any tensor
+or array viewing it, whether or not the reader is closed. Compressed files are
+decompressed into new memory, column by column as read. Measured
+(``benchmarks/results/files.md``): a read call costs well under a millisecond
+whatever the file size, and the first in-place write over a mapped tensor costs
+about what ``clone()`` would (each touched page is copied once). Like any
+private writable mapping, it counts toward the commit limit on systems with
+strict overcommit; ``copy=True`` reads into ordinary memory instead.
+
+Never truncate or rewrite a file in place while it is open: touching a mapped
+page past the new end of the file kills the process (``SIGBUS``). This module
+never does: a writer writes ``PATH.<random>.partial`` and renames it over
+``PATH`` when closed, which leaves open readers on the old file.
+
+Errors: a file that is not ours, truncated or corrupt raises
+:class:`~arrow_dataproto.errors.DecodeError` (never a raw pyarrow error). Arrow
+files carry no checksum: a flipped bit in tensor values reads back unnoticed;
+pickled columns or ``meta_info`` raise
+:class:`~arrow_dataproto.errors.PickleNotAllowedError` unless the reader was
+opened with ``allow_pickle=True``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import json
+import mmap
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import torch
+from tensordict import is_tensor_collection
+
+from . import objects, tensors
+from .codec import _BATCH_SIZE, _TREE, COMPRESSIONS, check_format, from_arrow, to_arrow
+from .errors import (
+    ColumnNotFoundError,
+    DataProtoError,
+    DecodeError,
+    EncodeError,
+    PickleNotAllowedError,
+    SchemaMismatchError,
+)
+from .objects import META_INFO, META_INFO_ENCODING
+from .protocol import DataProto
+
+__all__ = [
+    "ColumnInfo",
+    "DatasetReader",
+    "FileReader",
+    "FileWriter",
+    "copy_file",
+    "open_dataset",
+    "open_file",
+    "read_file",
+    "recover_file",
+    "write_file",
+]
+
+MAGIC = b"ARROW1"
+COMPRESSION = "adp.compression"
+"""Footer metadata key: ``"none"``, ``"lz4"`` or ``"zstd"``."""
+
+_PER_BATCH = (_BATCH_SIZE, _TREE, META_INFO, META_INFO_ENCODING)
+"""Schema metadata keys whose values may differ from batch to batch of one file."""
+
+_INCOMPLETE = (
+    "no Arrow footer at the end of the file: its writer did not finish (killed, or still writing) "
+    "or the file was cut short; recover_file(path, new_path) or `arrow-dataproto recover` copies "
+    "its complete batches into a valid file"
+)
+
+
+# ---------------------------------------------------------------- progress
+
+
+class _Silent:
+    """Stands in for a tqdm bar when progress is off or tqdm is not installed."""
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    @staticmethod
+    def write(line: str) -> None:
+        print(line)
+
+    def __enter__(self) -> "_Silent":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def progress_bar(enabled: bool, **kwargs):
+    """A ``tqdm.auto.tqdm(**kwargs)`` bar if ``enabled`` and tqdm is installed, else a silent
+    stand-in with the same ``update``/``close``/``write`` methods and context manager."""
+    if enabled:
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            return _Silent()
+        return tqdm(**kwargs)
+    return _Silent()
+
+
+# ---------------------------------------------------------------- metadata helpers
+
+
+def _str_metadata(metadata: Any) -> dict[str, str]:
+    """Arrow key-value metadata (bytes or str keys) as a ``str -> str`` dict."""
+    def text(x: Any) -> str:
+        return x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)
+
+    return {text(k): text(v) for k, v in (metadata or {}).items()}
+
+
+def _rows_free(tree: list) -> list:
+    """The TensorDict tree without the row count of each nested TensorDict's batch size."""
+    return [e if isinstance(e, str) else [e[0], e[1][1:], e[2], _rows_free(e[3])] for e in tree]
+
+
+def _layout(metadata: dict[str, str]) -> dict[str, str]:
+    """What every batch of a file must share: the schema metadata except the per-batch
+    entries, plus the batch dimensions after the first and the TensorDict nesting."""
+    try:
+        size = json.loads(metadata.get(_BATCH_SIZE, "null"))
+        tree = json.loads(metadata.get(_TREE, "[]"))
+        shared = {k: v for k, v in metadata.items() if k not in _PER_BATCH}
+        shared["batch dimensions after the first"] = json.dumps(None if size is None else size[1:])
+        shared["TensorDict nesting"] = json.dumps(_rows_free(tree))
+    except (ValueError, TypeError, IndexError, KeyError, RecursionError) as e:
+        raise DecodeError(f"malformed batch_size or tree metadata: {e!r}") from None
+    return shared
+
+
+def schema_difference(expected: pa.Schema, got: pa.Schema) -> list[str]:
+    """Every way ``got`` differs from ``expected`` in what the batches of one file must share:
+    column names and order, Arrow types, column metadata (dtype, per-row shape, device...)
+    and the batch layout. Per-batch values (batch size, ``meta_info``) may differ. Empty if none."""
+    differences = []
+    missing = [n for n in expected.names if n not in got.names]
+    added = [n for n in got.names if n not in expected.names]
+    if missing:
+        differences.append(f"missing column(s) {missing}")
+    if added:
+        differences.append(f"added column(s) {added}")
+    if not (missing or added) and expected.names != got.names:
+        differences.append(f"columns in order {got.names}, expected {expected.names}")
+    for name in expected.names:
+        if name not in got.names:
+            continue
+        a, b = expected.field(name), got.field(name)
+        meta_a, meta_b = _str_metadata(a.metadata), _str_metadata(b.metadata)
+        changed = [k for k in sorted(set(meta_a) | set(meta_b)) if meta_a.get(k) != meta_b.get(k)]
+        differences += [f"column {name!r}: {k} {meta_b.get(k)}, expected {meta_a.get(k)}" for k in changed]
+        if not changed and not a.remove_metadata().equals(b.remove_metadata()):
+            differences.append(f"column {name!r}: Arrow field {b.type}, expected {a.type}")
+    layout_a, layout_b = _layout(_str_metadata(expected.metadata)), _layout(_str_metadata(got.metadata))
+    for key in sorted(set(layout_a) | set(layout_b)):
+        if layout_a.get(key) != layout_b.get(key):
+            differences.append(f"{key}: {layout_b.get(key)}, expected {layout_a.get(key)}")
+    return differences
+
+
+def _retree(tree: list, keep: set[str] | None, rows: int, prefix: str = "") -> list:
+    """The TensorDict tree holding only the leaves in ``keep`` (all if None), with ``rows`` rows."""
+    out: list = []
+    for entry in tree:
+        if isinstance(entry, str):
+            if keep is None or prefix + entry in keep:
+                out.append(entry)
+            continue
+        key, size, device, subtree = entry
+        subtree = _retree(subtree, keep, rows, f"{prefix}{key}.")
+        if subtree or keep is None:
+            out.append([key, [rows, *size[1:]], device, subtree])
+    return out
+
+
+def _fit(metadata: dict[str, str], keep: set[str] | None, rows: int) -> dict[str, str]:
+    """A batch's schema metadata after keeping only the columns ``keep`` and ``rows`` rows."""
+    try:
+        size = json.loads(metadata[_BATCH_SIZE])
+        if size is None:
+            return metadata
+        tree = _retree(json.loads(metadata[_TREE]), keep, rows)
+        return {**metadata, _BATCH_SIZE: json.dumps([rows, *size[1:]]), _TREE: json.dumps(tree)}
+    except (ValueError, TypeError, IndexError, KeyError, RecursionError) as e:
+        raise DecodeError(f"malformed batch_size or tree metadata: {e!r}") from None
+
+
+def _row_bits(arrow_type: pa.DataType) -> float:
+    """Bits per row of a fixed-width column (infinite for variable-width ones)."""
+    if isinstance(arrow_type, pa.BaseExtensionType):
+        arrow_type = arrow_type.storage_type
+    if pa.types.is_fixed_size_list(arrow_type):
+        return _row_bits(arrow_type.value_type) * arrow_type.list_size
+    try:
+        return arrow_type.bit_width
+    except ValueError:
+        return float("inf")
+
+
+# ---------------------------------------------------------------- writing
+
+
+class FileWriter:
+    """Append DataProto batches with the same columns to one Arrow IPC file.
+
+    >>> with FileWriter("rollouts.arrow", compression="zstd") as writer:
+    ...     for batch in batches:
+    ...         writer.write(batch)
+
+    Each :meth:`write` encodes the batch (zero-copy, see :func:`~arrow_dataproto.to_arrow`)
+    and copies its bytes into the file once (per-buffer compressed if ``compression`` is
+    ``"lz4"`` or ``"zstd"``). A batch whose columns differ from the first batch's (names,
+    order, dtypes, per-row shapes, devices, layouts) is refused with
+    :class:`SchemaMismatchError` naming each difference, and the file is left as it was;
+    the batch size and ``meta_info`` may differ from batch to batch. Object columns of
+    ``non_tensor_batch`` take their Arrow type from their values (see
+    :mod:`arrow_dataproto.objects`): a column of only ``None`` (or of no rows) adopts the
+    file's type, but values that give another type (dicts with other keys, ints where
+    the file has strings) are refused like any other difference.
+
+    Bytes go to ``PATH.<random>.partial`` in the same folder; :meth:`close` writes the
+    footer and renames it over ``PATH``, so ``PATH`` never holds a half-written file and a
+    reader that has the old ``PATH`` open keeps reading the old file. Leaving the ``with``
+    block by an exception deletes the partial file and leaves ``PATH`` untouched
+    (:meth:`abort`). A process killed while writing (or a writer never closed) leaves the
+    partial file behind: :func:`recover_file` reads its complete batches. A writer closed without any batch
+    writes a valid file with no columns and no batches.
+
+    ``progress=True`` shows the bytes written (tqdm, if installed).
+    """
+
+    def __init__(self, path: str | os.PathLike, *, compression: str | None = None, progress: bool = False):
+        if compression not in COMPRESSIONS:
+            raise EncodeError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+        self.path = Path(path)
+        self.compression = compression
+        self.num_batches = 0
+        self.num_rows = 0
+        self._options = pa.ipc.IpcWriteOptions(compression=compression, allow_64bit=True)
+        self._partial = self.path.with_name(f"{self.path.name}.{secrets.token_hex(4)}.partial")
+        self._sink = pa.OSFile(str(self._partial), "wb")
+        self._writer: pa.ipc.RecordBatchFileWriter | None = None
+        self._schema: pa.Schema | None = None
+        self._bar = progress_bar(progress, desc=f"writing {self.path.name}", unit="B", unit_scale=True)
+        self._done = False
+
+    def write(self, data: Any) -> None:
+        """Append one DataProto (ours or verl's) or TensorDict as the next batch."""
+        self._write(to_arrow(data))
+
+    def _write(self, batch: pa.RecordBatch) -> None:
+        if self._done:
+            raise DataProtoError(f"the writer of {self.path} is closed")
+        if self._writer is None:
+            self._start(batch.schema)
+        else:
+            batch = self._conform(batch)
+            differences = schema_difference(self._schema, batch.schema)
+            if differences:
+                raise SchemaMismatchError(
+                    f"batch {self.num_batches} does not match the columns of {self.path}: " + "; ".join(differences)
+                )
+        before = self._sink.tell()
+        try:
+            self._writer.write_batch(batch, custom_metadata=batch.schema.metadata)
+        except pa.ArrowException as e:
+            raise EncodeError(f"cannot write batch {self.num_batches} to {self.path}: {e}") from e
+        self.num_batches += 1
+        self.num_rows += batch.num_rows
+        self._bar.update(self._sink.tell() - before)
+
+    def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """``batch`` with its all-null columns (no rows, or only ``None``) typed as the file's
+        column of the same name and metadata: their values read back the same either way."""
+        schema, columns = batch.schema, list(batch.columns)
+        for i, field in enumerate(batch.schema):
+            if not pa.types.is_null(field.type) or field.name not in self._schema.names:
+                continue
+            expected = self._schema.field(field.name)
+            if not pa.types.is_null(expected.type) and field.metadata == expected.metadata:
+                schema, columns[i] = schema.set(i, expected), pa.nulls(len(columns[i]), expected.type)
+        return batch if schema is batch.schema else pa.RecordBatch.from_arrays(columns, schema=schema)
+
+    def _start(self, schema: pa.Schema) -> None:
+        self._schema = schema
+        footer = {COMPRESSION: self.compression or "none"}
+        self._writer = pa.ipc.new_file(self._sink, schema, options=self._options, metadata=footer)
+
+    def close(self) -> None:
+        """Write the footer and move the file to ``path`` (replacing any file there)."""
+        if self._done:
+            return
+        try:
+            if self._writer is None:
+                self._start(to_arrow(DataProto()).schema)
+            self._writer.close()
+            self._sink.close()
+            os.replace(self._partial, self.path)
+        except BaseException:
+            self.abort()
+            raise
+        self._done = True
+        self._bar.close()
+
+    def abort(self) -> None:
+        """Stop writing and delete the partial file; ``path`` is left as it was."""
+        self._done = True
+        self._bar.close()
+        self._sink.close()
+        self._partial.unlink(missing_ok=True)
+
+    def __enter__(self) -> "FileWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def _as_batches(data: Any) -> Iterable[Any]:
+    """A single DataProto (ours or verl's) or TensorDict as a one-item list; other iterables as they are."""
+    if is_tensor_collection(data) or hasattr(data, "non_tensor_batch"):
+        return [data]
+    return data
+
+
+def write_file(
+    path: str | os.PathLike, data: Any, *, compression: str | None = None, progress: bool = False
+) -> None:
+    """Write a DataProto, or an iterable of DataProtos with the same columns, to an Arrow IPC file.
+
+    One record batch per DataProto; see :class:`FileWriter` for what is copied, the
+    errors, and how ``path`` is replaced. ``compression``: ``None``, ``"lz4"`` or ``"zstd"``.
+    """
+    with FileWriter(path, compression=compression, progress=progress) as writer:
+        for item in _as_batches(data):
+            writer.write(item)
+
+
+# ---------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True)
+class ColumnInfo:
+    """One column as recorded in a file's schema (no data is read).
+
+    ``kind`` is ``"tensor"``, ``"jagged"`` or ``"strided"`` for TensorDict leaves and
+    ``"numeric"``, ``"string"``, ``"object"`` or ``"pickle"`` for ``non_tensor_batch``
+    columns; ``dtype`` the torch dtype name (leaves) or numpy dtype (others); ``shape``
+    the shape of one row, ``None`` for a ragged dimension; ``device`` where a leaf was
+    when written (``None`` for non-tensor columns).
+    """
+
+    name: str
+    kind: str
+    dtype: str
+    shape: list
+    device: str | None
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.kind in tensors.TENSOR_KINDS
+
+    @classmethod
+    def from_field(cls, field: pa.Field) -> "ColumnInfo":
+        meta = _str_metadata(field.metadata)
+        kind = meta.get(tensors.KIND, "?")
+        dtype = meta.get(tensors.DTYPE, "?")
+        shape_text = meta.get(tensors.SHAPE if kind in tensors.TENSOR_KINDS else objects.ROW_SHAPE, "null")
+        try:
+            shape = json.loads(shape_text)
+        except (ValueError, RecursionError):
+            shape = shape_text
+        if kind not in tensors.TENSOR_KINDS:
+            try:  # "<i8" -> "int64", "|O" -> "object"; a structured dtype's JSON stays as it is
+                dtype = str(np.dtype(dtype))
+            except (TypeError, ValueError):
+                pass
+        return cls(field.name, kind, dtype, shape, meta.get(tensors.DEVICE))
+
+
+class _Reader:
+    """What :class:`FileReader` and :class:`DatasetReader` share: rows, columns, decoding.
+
+    Subclasses provide ``schema``, ``num_batches``, ``_read``, ``_count_rows`` and ``_metadata``.
+    """
+
+    schema: pa.Schema
+
+    def __init__(self, *, allow_pickle: bool, device: str | torch.device | None, copy: bool, progress: bool):
+        self.allow_pickle = allow_pickle
+        self.device = device
+        self.copy = copy
+        self.progress = progress
+        self._batch_rows: list[int] | None = None
+
+    # -- subclass hooks
+
+    @property
+    def num_batches(self) -> int:
+        raise NotImplementedError
+
+    def _read(self, indices: Sequence[int], fields: list[int] | None) -> list[tuple[pa.RecordBatch, dict[str, str]]]:
+        """Batches ``indices`` with only the columns ``fields`` (all if None) and their schema metadata."""
+        raise NotImplementedError
+
+    def _count_rows(self) -> list[int]:
+        """The number of rows of each batch, reading as little as possible."""
+        raise NotImplementedError
+
+    def _metadata(self, i: int) -> dict[str, str]:
+        """The schema metadata of batch ``i``, reading as little as possible."""
+        raise NotImplementedError
+
+    def _paths(self) -> list[Path]:
+        raise NotImplementedError
+
+    # -- layout
+
+    @property
+    def columns(self) -> list[str]:
+        """Column names: TensorDict leaves (nested keys joined by ``.``), then non-tensor columns."""
+        return list(self.schema.names)
+
+    def column_info(self) -> list[ColumnInfo]:
+        """Every column's kind, dtype, per-row shape and device, from the schema alone."""
+        return [ColumnInfo.from_field(field) for field in self.schema]
+
+    @property
+    def pickled_columns(self) -> list[str]:
+        """Columns whose values are pickled (reading them needs ``allow_pickle=True``)."""
+        return [c.name for c in self.column_info() if c.kind == objects.PICKLE]
+
+    @property
+    def batch_rows(self) -> list[int]:
+        """The number of rows of each batch (computed once; a compressed file of several
+        batches decompresses one narrow column of each to count them)."""
+        if self._batch_rows is None:
+            self._batch_rows = self._count_rows()
+        return self._batch_rows
+
+    @property
+    def num_rows(self) -> int:
+        return sum(self.batch_rows)
+
+    def meta_info_encoding(self, i: int = 0) -> str | None:
+        """How batch ``i``'s ``meta_info`` is stored: ``"json"``, ``"pickle"``, or None if it has none."""
+        return self._metadata(self._index(i)).get(META_INFO_ENCODING)
+
+    def read_meta_info(self, i: int = 0) -> dict:
+        """Batch ``i``'s ``meta_info`` alone (:class:`PickleNotAllowedError` if pickled and not allowed)."""
+        metadata = self._metadata(self._index(i))
+        return self._refusing_pickles(lambda: objects.decode_meta_info(metadata, allow_pickle=self.allow_pickle))
+
+    def column_nbytes(self) -> dict[str, int]:
+        """Bytes each column takes in memory, all batches together (uncompressed sizes:
+        a compressed file is decompressed batch by batch to count them)."""
+        totals = dict.fromkeys(self.columns, 0)
+        with progress_bar(self.progress, total=self.num_batches, desc="sizing", unit="batch") as bar:
+            for i in range(self.num_batches):
+                batch, _ = self._read([i], None)[0]
+                for name, column in zip(batch.schema.names, batch.columns):
+                    totals[name] += column.nbytes
+                bar.update()
+        return totals
+
+    def arrow_dataset(self):
+        """The file(s) as a ``pyarrow.dataset.Dataset``, for Arrow-level scans and filters.
+
+        Columns appear as stored (bfloat16 as uint16, tensors as fixed_shape_tensor); only
+        the first batch's ``meta_info`` is visible (as schema metadata)."""
+        import pyarrow.dataset as ds
+
+        return ds.dataset([str(p) for p in self._paths()], format="ipc")
+
+    # -- reading
+
+    def _index(self, i: int) -> int:
+        n = self.num_batches
+        if not -n <= i < n:
+            raise IndexError(f"batch {i} out of range for {n} batches")
+        return i % n
+
+    def _fields(self, columns: Iterable[str] | None) -> tuple[list[int] | None, set[str] | None]:
+        """Indices and names of the columns asked for (a nested TensorDict's name selects its leaves)."""
+        if columns is None:
+            return None, None
+        if isinstance(columns, str):
+            columns = [columns]
+        names = self.columns
+        keep: set[str] = set()
+        unknown = []
+        for wanted in columns:
+            matched = [n for n in names if n == wanted or n.startswith(f"{wanted}.")]
+            keep.update(matched)
+            if not matched:
+                unknown.append(wanted)
+        if unknown:
+            raise ColumnNotFoundError(f"no column {unknown} in {self}; columns: {names}")
+        return [i for i, n in enumerate(names) if n in keep], keep
+
+    def _refusing_pickles(self, decode):
+        try:
+            return decode()
+        except PickleNotAllowedError as e:
+            raise PickleNotAllowedError(
+                f"{self}: {e}; open it with allow_pickle=True if you trust it, or read without "
+                "the pickled parts (columns=[...], meta_info=False)"
+            ) from None
+
+    def _decode(self, batch: pa.RecordBatch, metadata: dict[str, str], keep: set[str] | None, resized: bool, meta_info: bool) -> DataProto:
+        if keep is not None or resized:
+            metadata = _fit(metadata, keep, batch.num_rows)
+        if not meta_info:
+            metadata = {k: v for k, v in metadata.items() if k not in (META_INFO, META_INFO_ENCODING)}
+        batch = batch.replace_schema_metadata(metadata)
+        return self._refusing_pickles(
+            lambda: from_arrow(batch, device=self.device, copy=self.copy, allow_pickle=self.allow_pickle)
+        )
+
+    def read_batch(self, i: int, columns: Iterable[str] | None = None, *, meta_info: bool = True) -> DataProto:
+        """Batch ``i`` as written (zero-copy for uncompressed files).
+
+        ``columns``: read only these (a nested TensorDict's name selects all its leaves);
+        ``meta_info=False`` leaves ``meta_info`` empty (nothing of it is decoded).
+        """
+        fields, keep = self._fields(columns)
+        batch, metadata = self._read([self._index(i)], fields)[0]
+        return self._decode(batch, metadata, keep, False, meta_info)
+
+    def read_rows(
+        self, start: int = 0, stop: int | None = None, columns: Iterable[str] | None = None, *, meta_info: bool = True
+    ) -> DataProto:
+        """Rows ``start:stop`` across batches (Python slice rules, step 1).
+
+        Rows within one batch are a zero-copy view (uncompressed files); rows spanning
+        several batches are concatenated (one copy), and their ``meta_info`` is the first
+        batch's updated by the later ones'. ``columns`` and ``meta_info`` as in :meth:`read_batch`.
+        """
+        fields, keep = self._fields(columns)
+        start, stop, _ = slice(start, stop).indices(self.num_rows)
+        stop = max(start, stop)
+        bounds = [0, *itertools.accumulate(self.batch_rows)]
+        if start == stop:  # no rows, but the columns of the file
+            if not self.num_batches:
+                return DataProto()
+            first = min(bisect.bisect_right(bounds, start) - 1, self.num_batches - 1)
+            spans = [(first, 0, 0)]
+        else:
+            spans = [
+                (i, max(start, bounds[i]) - bounds[i], min(stop, bounds[i + 1]) - bounds[i])
+                for i in range(self.num_batches)
+                if bounds[i] < stop and bounds[i + 1] > start
+            ]
+        return self._gather(spans, fields, keep, meta_info)
+
+    def read_all(self, columns: Iterable[str] | None = None, *, meta_info: bool = True) -> DataProto:
+        """Every row as one DataProto (one batch: zero-copy; several: concatenated, see :meth:`read_rows`)."""
+        fields, keep = self._fields(columns)
+        if not self.num_batches:
+            return DataProto()
+        return self._gather([(i, 0, None) for i in range(self.num_batches)], fields, keep, meta_info)
+
+    def _gather(self, spans: list[tuple[int, int, int | None]], fields, keep, meta_info: bool) -> DataProto:
+        """Rows ``a:b`` of batch ``i`` for each ``(i, a, b)`` (``b`` None: the whole batch), concatenated."""
+        parts = []
+        batches = self._read([i for i, _, _ in spans], fields)
+        with progress_bar(self.progress and len(spans) > 1, total=len(spans), desc="reading", unit="batch") as bar:
+            for (_, a, b), (batch, metadata) in zip(spans, batches):
+                resized = b is not None and (a, b) != (0, batch.num_rows)
+                if resized:
+                    batch = batch.slice(a, b - a)
+                parts.append(self._decode(batch, metadata, keep, resized, meta_info))
+                bar.update()
+        return parts[0] if len(parts) == 1 else DataProto.concat(parts)
+
+    def iter_batches(self, columns: Iterable[str] | None = None, *, meta_info: bool = True) -> Iterator[DataProto]:
+        """Each batch in order, as :meth:`read_batch` returns it."""
+        with progress_bar(self.progress, total=self.num_batches, desc="reading", unit="batch") as bar:
+            for i in range(self.num_batches):
+                yield self.read_batch(i, columns, meta_info=meta_info)
+                bar.update()
+
+    def __iter__(self) -> Iterator[DataProto]:
+        return self.iter_batches()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+def _describe_start(head: bytes) -> str:
+    """Why a file that does not start with the Arrow magic is not one of ours, with a hint."""
+    if head.startswith(b"\xff\xff\xff\xff"):
+        return "an Arrow IPC stream, not an Arrow IPC file (read streams with from_ipc)"
+    if head.startswith(b"\x80"):
+        return (
+            "a Python pickle (verl's DataProto.save_to_disk writes these); if you trust it, "
+            "convert it with `arrow-dataproto convert --allow-pickle IN OUT`"
+        )
+    return "not an Arrow IPC file (it does not start with ARROW1)"
+
+
+class FileReader(_Reader):
+    """An Arrow IPC file of DataProto batches, open for reading; made by :func:`open_file`."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        allow_pickle: bool = False,
+        device: str | torch.device | None = None,
+        copy: bool = False,
+        progress: bool = False,
+    ):
+        super().__init__(allow_pickle=allow_pickle, device=device, copy=copy, progress=progress)
+        self.path = Path(path)
+        self._fd: int | None = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        try:
+            self.file_size = os.fstat(self._fd).st_size
+            reader = self._open_ipc()
+            self.schema = reader.schema
+            self._num_batches = reader.num_record_batches
+            footer = _str_metadata(reader.metadata)
+            check_format(self.schema)
+        except BaseException:
+            self.close()
+            raise
+        self._footer_schema_metadata = _str_metadata(self.schema.metadata)
+        self._layout = _layout(self._footer_schema_metadata)
+        compression = footer.get(COMPRESSION)
+        self.compression: str | None = None if compression == "none" else (compression or "unknown")
+        narrowest = min(range(len(self.schema)), key=lambda i: _row_bits(self.schema.field(i).type), default=None)
+        self._probe_fields = None if self.compression is None or narrowest is None else [narrowest]
+
+    def _open_ipc(self, fields: list[int] | None = None) -> pa.ipc.RecordBatchFileReader:
+        """A fresh private copy-on-write mapping of the file, opened as an Arrow IPC file."""
+        if self._fd is None:
+            raise DataProtoError(f"{self.path} is closed")
+        if self.file_size == 0:
+            raise DecodeError(f"{self.path}: empty file")
+        source = mmap.mmap(self._fd, 0, access=mmap.ACCESS_COPY)
+        if source[: len(MAGIC)] != MAGIC:
+            raise DecodeError(f"{self.path}: {_describe_start(source[:8])}")
+        if len(source) < 2 * len(MAGIC) + 6 or source[-len(MAGIC):] != MAGIC:
+            raise DecodeError(f"{self.path}: {_INCOMPLETE}")
+        options = pa.ipc.IpcReadOptions(included_fields=fields or [])
+        try:
+            return pa.ipc.open_file(pa.py_buffer(source), options=options)
+        except (pa.ArrowException, OSError, ValueError) as e:
+            raise DecodeError(f"{self.path}: corrupt Arrow file footer: {e}") from e
+
+    @property
+    def num_batches(self) -> int:
+        return self._num_batches
+
+    def _paths(self) -> list[Path]:
+        return [self.path]
+
+    def _read(self, indices, fields):
+        # Uncompressed: read whole batches (zero-copy) and select; included_fields would copy.
+        # Compressed: included_fields spares decompressing the other columns.
+        pushdown = fields is not None and self.compression is not None
+        reader = self._open_ipc(sorted(fields) if pushdown else None)
+        out = []
+        for i in indices:
+            try:
+                batch, custom = reader.get_batch_with_custom_metadata(i)
+            except (pa.ArrowException, OSError, ValueError) as e:
+                raise DecodeError(f"{self.path}: batch {i} is corrupt: {e}") from e
+            metadata = _str_metadata(custom) if custom else self._footer_schema_metadata
+            if _layout(metadata) != self._layout:
+                raise DecodeError(f"{self.path}: the metadata of batch {i} does not match the file's schema")
+            if fields is not None and not pushdown:
+                batch = batch.select(fields)
+            out.append((batch, metadata))
+        return out
+
+    def _count_rows(self):
+        if self.compression is not None and self.num_batches == 1:
+            return [self._open_ipc().count_rows()]  # from the batch's message header: nothing decompressed
+        return [batch.num_rows for batch, _ in self._read(range(self.num_batches), self._probe_fields)]
+
+    def _metadata(self, i):
+        return self._read([i], self._probe_fields)[0][1]
+
+    def close(self) -> None:
+        """Close the file; tensors already read stay valid (their mapping lives on)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __repr__(self) -> str:
+        state = "closed " if self._fd is None else ""
+        return f"<{state}FileReader {str(self.path)!r}: {self.num_batches} batches, {len(self.columns)} columns>"
+
+
+def open_file(
+    path: str | os.PathLike,
+    *,
+    allow_pickle: bool = False,
+    device: str | torch.device | None = None,
+    copy: bool = False,
+    progress: bool = False,
+) -> FileReader:
+    """Open an Arrow IPC file written by :func:`write_file` / :class:`FileWriter`.
+
+    Reads only the footer; batches are read on demand, memory-mapped (see the module
+    docstring: zero-copy, copy-on-write, each read call its own mapping). The reader has
+    ``num_batches``, ``num_rows``, ``batch_rows``, ``schema``, ``columns``,
+    :meth:`~FileReader.column_info`, :meth:`~FileReader.read_batch`,
+    :meth:`~FileReader.read_rows`, :meth:`~FileReader.read_all` and iterates over batches.
+
+    ``allow_pickle=True`` allows decoding pickled columns and ``meta_info`` (unpickling
+    runs code from the file: only for files you trust). ``device`` places every tensor
+    there (like ``map_location``); ``copy=True`` gives tensors that own their memory
+    instead of viewing the mapping. ``progress=True`` shows a bar while reading many batches.
+
+    Raises ``FileNotFoundError``/``OSError`` as ``open`` does, :class:`DecodeError` for
+    a file that is not an arrow-dataproto Arrow file, truncated or corrupt, and
+    :class:`FormatVersionError` for an incompatible format version.
+    """
+    return FileReader(path, allow_pickle=allow_pickle, device=device, copy=copy, progress=progress)
+
+
+def read_file(path: str | os.PathLike, columns: Iterable[str] | None = None, **options: Any) -> DataProto:
+    """Every row of a file as one DataProto: ``open_file(path, **options).read_all(columns)``.
+
+    A file of one batch comes back zero-copy (its mapping lives as long as the tensors do);
+    several batches are concatenated (one copy).
+    """
+    with open_file(path, **options) as reader:
+        return reader.read_all(columns)
+
+
+class DatasetReader(_Reader):
+    """Several Arrow files with the same columns read as one; made by :func:`open_dataset`.
+
+    Batches are numbered across the files in order; everything else is as in
+    :class:`FileReader`. ``files`` holds each file's reader.
+    """
+
+    def __init__(
+        self,
+        paths: Sequence[str | os.PathLike],
+        *,
+        allow_pickle: bool = False,
+        device: str | torch.device | None = None,
+        copy: bool = False,
+        progress: bool = False,
+    ):
+        super().__init__(allow_pickle=allow_pickle, device=device, copy=copy, progress=progress)
+        if not paths:
+            raise FileNotFoundError("a dataset needs at least one file")
+        self.files: list[FileReader] = []
+        try:
+            for path in paths:
+                self.files.append(FileReader(path, allow_pickle=allow_pickle, device=device, copy=copy))
+            first = self.files[0]
+            for other in self.files[1:]:
+                differences = schema_difference(first.schema, other.schema)
+                if differences:
+                    raise SchemaMismatchError(
+                        f"{other.path} does not match the columns of {first.path}: " + "; ".join(differences)
+                    )
+        except BaseException:
+            self.close()
+            raise
+        self.schema = first.schema
+        self._starts = [0, *itertools.accumulate(f.num_batches for f in self.files)]
+
+    @property
+    def num_batches(self) -> int:
+        return self._starts[-1]
+
+    def _paths(self) -> list[Path]:
+        return [f.path for f in self.files]
+
+    def _split(self, indices: Sequence[int]):
+        """``(file, local indices)`` groups of consecutive batch indices in the same file."""
+        def file_of(i: int) -> int:
+            return bisect.bisect_right(self._starts, i) - 1
+
+        for f, group in itertools.groupby(indices, key=file_of):
+            yield self.files[f], [i - self._starts[f] for i in group]
+
+    def _read(self, indices, fields):
+        return [item for file, local in self._split(indices) for item in file._read(local, fields)]
+
+    def _count_rows(self):
+        return [rows for file in self.files for rows in file.batch_rows]
+
+    def _metadata(self, i):
+        file, local = next(self._split([i]))
+        return file._metadata(local[0])
+
+    def close(self) -> None:
+        for file in self.files:
+            file.close()
+
+    def __repr__(self) -> str:
+        return f"<DatasetReader of {len(self.files)} files: {self.num_batches} batches, {len(self.columns)} columns>"
+
+
+
+def open_dataset(paths: str | os.PathLike | Iterable[str | os.PathLike], **options: Any) -> DatasetReader:
+    """Open several files as one: a folder (its ``*.arrow`` files, sorted by name) or a list of paths.
+
+    Every file must have the columns of the first (:class:`SchemaMismatchError` names
+    the file and the differences). ``options`` as in :func:`open_file`. For Arrow-level
+    filtering and scans, :meth:`~DatasetReader.arrow_dataset` gives a ``pyarrow.dataset``.
+    """
+    if isinstance(paths, (str, os.PathLike)) and Path(paths).is_dir():
+        folder, paths = paths, sorted(Path(paths).glob("*.arrow"))
+        if not paths:
+            raise FileNotFoundError(f"no *.arrow files in {folder}")
+    elif isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    return DatasetReader(list(paths), **options)
+
+
+# ---------------------------------------------------------------- copying and recovery
+
+
+def copy_file(path: str | os.PathLike, out: str | os.PathLike, *, compression: str | None = None) -> int:
+    """Copy a file batch by batch into ``out`` with another ``compression``; returns the batch count.
+
+    Works on the Arrow data: nothing is decoded, so pickled columns are copied without
+    being unpickled. ``out`` may be ``path`` itself. Errors as in :func:`open_file`.
+    """
+    with open_file(path) as reader, FileWriter(out, compression=compression) as writer:
+        for i in range(reader.num_batches):
+            batch, metadata = reader._read([i], None)[0]
+            writer._write(batch.replace_schema_metadata(metadata))
+    return reader.num_batches
+
+
+
+def recover_file(
+    path: str | os.PathLike, out: str | os.PathLike, *, compression: str | None = None
+) -> int:
+    """Copy the complete batches of a file whose writer did not finish into a valid file ``out``.
+
+    Reads ``path`` as the Arrow stream it holds after its magic bytes and stops at the
+    first batch that is cut short or fails validation; returns the number of batches
+    copied (bytes are copied once; compressed input is decompressed, ``out`` uses
+    ``compression``). Works on complete files too (a copy). ``out`` may be ``path``
+    itself. Raises :class:`DecodeError` if ``path`` holds no complete batch.
+    """
+    source = Path(path)
+    try:
+        buffer = pa.memory_map(str(source)).read_buffer()  # read-only is fine: batches only get copied
+    except (pa.ArrowException, ValueError) as e:
+        raise DecodeError(f"{source}: cannot map the file: {e}") from e
+    if buffer.size < 8 or buffer[: len(MAGIC)].to_pybytes() != MAGIC:
+        raise DecodeError(f"{source}: {_describe_start(buffer[:8].to_pybytes())}")
+    try:
+        stream = pa.ipc.open_stream(buffer.slice(8))
+        check_format(stream.schema)
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise DecodeError(f"{source}: no complete schema at the start of the file: {e}") from e
+    fallback = stream.schema.metadata
+    writer = FileWriter(out, compression=compression)
+    try:
+        while True:
+            try:
+                batch, custom = stream.read_next_batch_with_custom_metadata()
+                batch.validate(full=True)
+            except StopIteration:
+                break
+            except (pa.ArrowException, OSError, ValueError):
+                break  # the cut (or a damaged batch): keep what came before
+            writer._write(batch.replace_schema_metadata(custom or fallback))
+        if not writer.num_batches:
+            raise DecodeError(f"{source}: no complete batch before the end of the file")
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
+    return writer.num_batches

@@ -1,0 +1,321 @@
+"""The ``arrow-dataproto`` command: through the real entry point (a subprocess running
+``python -m arrow_dataproto``) for each command once, the rest in-process through ``main``."""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import subprocess
+import sys
+import textwrap
+import types
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, distribution
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+from utils import assert_dataproto_equal, sample_dataproto
+
+from arrow_dataproto import DataProto
+from arrow_dataproto.cli import main
+from arrow_dataproto.files import FileWriter, open_file, read_file, write_file
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``python -m arrow_dataproto ARGS`` in a fresh process (verl is not importable there)."""
+    return subprocess.run(
+        [sys.executable, "-m", "arrow_dataproto", *map(str, args)],
+        capture_output=True, text=True, cwd=cwd, timeout=300,
+    )
+
+
+def call(capsys, *args) -> tuple[int, str, str]:
+    status = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def _pickled_file(path: Path) -> DataProto:
+    dp = sample_dataproto(rows=4)
+    tags = np.empty(4, dtype=object)
+    tags[:] = [{"x"}, {"y"}, set(), {"z"}]
+    dp.non_tensor_batch["tags"] = tags
+    write_file(path, dp)
+    return dp
+
+
+# ---------------------------------------------------------------- entry points
+
+
+def test_console_script_is_declared():
+    assert 'arrow-dataproto = "arrow_dataproto.cli:main"' in (ROOT / "pyproject.toml").read_text()
+
+
+def test_installed_console_script_runs():
+    try:
+        dist = distribution("arrow-dataproto")
+    except PackageNotFoundError:
+        pytest.skip("arrow-dataproto is not installed (pip install -e .): no console script to run")
+    scripts = [e.value for e in dist.entry_points if e.group == "console_scripts"]
+    assert scripts == ["arrow_dataproto.cli:main"]
+    script = Path(sys.executable).parent / "arrow-dataproto"
+    result = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.startswith("arrow-dataproto ")
+
+
+@pytest.mark.parametrize("command", [[], ["inspect"], ["head"], ["convert"], ["recover"], ["bench"]])
+def test_help(capsys, command):
+    with pytest.raises(SystemExit) as exit_:
+        main([*command, "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(" ".join(["usage: arrow-dataproto", *command]))
+    if not command:
+        assert all(name in out for name in ("inspect", "head", "convert", "recover", "bench"))
+
+
+def test_usage_errors_exit_2(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["inspect"])
+    assert exit_.value.code == 2
+
+
+# ---------------------------------------------------------------- inspect
+
+
+def test_inspect_through_the_real_entry_point(tmp_path):
+    dp = sample_dataproto(rows=6)
+    write_file(tmp_path / "f.arrow", [dp, dp[:2]], compression="zstd")
+    result = run("inspect", tmp_path / "f.arrow")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "8 rows in 2 batches (6, 2)" in out and "compression zstd" in out
+    assert "meta_info (batch 0): temperature, global_steps, global_token_num" in out
+    lines = {line.split()[0]: line.split() for line in out.splitlines()[3:]}
+    assert lines["ref_log_prob"][:5] == ["ref_log_prob", "tensor", "bfloat16", "[7]", "cpu"]
+    assert lines["position_ids_mrope"][:5] == ["position_ids_mrope", "jagged", "int64", "[3,", "*]"]
+    assert lines["uid"][:5] == ["uid", "object", "object", "[]", "-"]
+
+
+def test_inspect_json(tmp_path, capsys):
+    dp = sample_dataproto(rows=6)
+    write_file(tmp_path / "f.arrow", dp)
+    status, out, _ = call(capsys, "inspect", tmp_path / "f.arrow", "--json")
+    assert status == 0
+    info = json.loads(out)
+    assert (info["rows"], info["batches"], info["compression"], info["format_version"]) == (6, 1, "none", "1.0")
+    columns = {c["name"]: c for c in info["columns"]}
+    assert columns["input_ids"] == {
+        "name": "input_ids", "kind": "tensor", "dtype": "int64", "shape": [12], "device": "cpu", "bytes": 6 * 12 * 8,
+    }
+    assert columns["responses_jagged"]["shape"] == [None]
+
+
+def test_inspect_never_unpickles(tmp_path, capsys):
+    _pickled_file(tmp_path / "p.arrow")
+    status, out, _ = call(capsys, "inspect", tmp_path / "p.arrow")
+    assert status == 0
+    assert "pickled columns: tags" in out
+
+
+# ---------------------------------------------------------------- head
+
+
+def test_head_through_the_real_entry_point_hides_pickles(tmp_path):
+    dp = _pickled_file(tmp_path / "p.arrow")
+    result = run("head", tmp_path / "p.arrow", "-n", "2", "--columns", "uid", "tags", "data_source")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["uid", "data_source", "tags"]
+    assert lines[1].split() == ["0", dp.non_tensor_batch["uid"][0], dp.non_tensor_batch["data_source"][0], "<pickled>"]
+    assert len(lines) == 3
+    assert "--allow-pickle" in result.stderr
+
+
+def test_head_with_allow_pickle_and_ranges(tmp_path, capsys):
+    dp = _pickled_file(tmp_path / "p.arrow")
+    status, out, _ = call(capsys, "head", tmp_path / "p.arrow", "--allow-pickle", "--columns", "tags", "--start", "-2")
+    assert status == 0
+    lines = out.splitlines()
+    assert [line.split()[0] for line in lines] == ["tags", "2", "3"] and "z" in lines[2]
+    status, out, _ = call(capsys, "head", tmp_path / "p.arrow", "-n", "1", "--columns", "input_ids")
+    row = dp.batch["input_ids"][0].tolist()
+    assert out.splitlines()[1].startswith(f"0  [{row[0]}, {row[1]},")
+
+
+def test_head_of_an_unknown_column(tmp_path, capsys):
+    write_file(tmp_path / "f.arrow", sample_dataproto(rows=2))
+    status, _, err = call(capsys, "head", tmp_path / "f.arrow", "--columns", "nope")
+    assert status == 1 and "no column ['nope']" in err
+
+
+# ---------------------------------------------------------------- convert
+
+
+@dataclass
+class _FakeVerlDataProto:
+    """Pickles like verl 0.9's DataProto (state: torch.save bytes, or numpy mode triples);
+    pickles name it ``verl.protocol.DataProto`` (see the ``fake_verl`` fixture)."""
+
+    batch: TensorDict = None
+    non_tensor_batch: dict = field(default_factory=dict)
+    meta_info: dict = field(default_factory=dict)
+    numpy_mode: bool = False
+
+    def __getstate__(self):
+        if self.numpy_mode:
+            items = {
+                k: (str(v.dtype).removeprefix("torch."), tuple(v.shape), v.contiguous().view(-1).view(torch.uint8).numpy())
+                for k, v in self.batch.items()
+            }
+            encoded = (tuple(self.batch.batch_size), None, items)
+        else:
+            buffer = io.BytesIO()
+            torch.save(self.batch.contiguous().consolidate(), buffer)
+            encoded = buffer.getvalue()
+        return encoded, self.non_tensor_batch, self.meta_info
+
+
+_FakeVerlDataProto.__module__, _FakeVerlDataProto.__qualname__ = "verl.protocol", "DataProto"
+
+
+@pytest.fixture
+def fake_verl(monkeypatch):
+    """Makes ``verl.protocol.DataProto`` importable in this process only, for pickling."""
+    verl, protocol = types.ModuleType("verl"), types.ModuleType("verl.protocol")
+    protocol.DataProto = _FakeVerlDataProto
+    verl.protocol = protocol
+    monkeypatch.setitem(sys.modules, "verl", verl)
+    monkeypatch.setitem(sys.modules, "verl.protocol", protocol)
+    return _FakeVerlDataProto
+
+
+def _verl_pickle(path: Path, fake_verl, numpy_mode: bool) -> DataProto:
+    td = TensorDict(
+        {
+            "input_ids": torch.arange(24).view(4, 6),
+            "old_log_probs": torch.randn(4, 3),
+            "ref_log_prob": torch.randn(4, 3).bfloat16(),
+        },
+        batch_size=[4],
+    )
+    non_tensor = {"uid": np.array(list("abcd"), dtype=object)}
+    meta_info = {"global_steps": 3}
+    with open(path, "wb") as f:  # what verl's save_to_disk does
+        pickle.dump(fake_verl(td, non_tensor, meta_info, numpy_mode), f)
+    return DataProto(td, non_tensor, meta_info)
+
+
+def test_convert_a_verl_pickle_through_the_real_entry_point(tmp_path, fake_verl):
+    expected = _verl_pickle(tmp_path / "step.pkl", fake_verl, numpy_mode=False)
+    result = run("convert", tmp_path / "step.pkl", tmp_path / "out.arrow", "--allow-pickle")
+    assert result.returncode == 0, result.stderr  # verl is not importable in that process
+    assert_dataproto_equal(read_file(tmp_path / "out.arrow"), expected)
+
+
+def test_convert_a_verl_numpy_mode_pickle(tmp_path, fake_verl, capsys, monkeypatch):
+    expected = _verl_pickle(tmp_path / "step.pkl", fake_verl, numpy_mode=True)
+    monkeypatch.delitem(sys.modules, "verl")
+    monkeypatch.delitem(sys.modules, "verl.protocol")
+    status, _, err = call(capsys, "convert", tmp_path / "step.pkl", tmp_path / "out.arrow")
+    assert status == 1 and "--allow-pickle" in err
+    assert not (tmp_path / "out.arrow").exists()
+    status, out, _ = call(capsys, "convert", tmp_path / "step.pkl", tmp_path / "out.arrow", "--allow-pickle",
+                          "--compression", "lz4")
+    assert status == 0 and "4 rows" in out
+    assert open_file(tmp_path / "out.arrow").compression == "lz4"
+    assert_dataproto_equal(read_file(tmp_path / "out.arrow"), expected)
+
+
+def test_convert_our_own_pickle_and_arrow_files(tmp_path, capsys):
+    dp = sample_dataproto(rows=3)
+    with open(tmp_path / "ours.pkl", "wb") as f:
+        pickle.dump(dp, f)
+    assert call(capsys, "convert", tmp_path / "ours.pkl", tmp_path / "a.arrow", "--allow-pickle")[0] == 0
+    assert_dataproto_equal(read_file(tmp_path / "a.arrow"), dp)
+    status, out, _ = call(capsys, "convert", tmp_path / "a.arrow", tmp_path / "b.arrow", "--compression", "zstd")
+    assert status == 0 and "1 batches" in out
+    assert_dataproto_equal(read_file(tmp_path / "b.arrow"), dp)
+
+
+def test_convert_refuses_other_files(tmp_path, capsys):
+    (tmp_path / "x.txt").write_text("hello")
+    status, _, err = call(capsys, "convert", tmp_path / "x.txt", tmp_path / "y.arrow")
+    assert status == 1 and "neither an Arrow file nor a pickle" in err
+    with open(tmp_path / "list.pkl", "wb") as f:
+        pickle.dump([1, 2], f)
+    status, _, err = call(capsys, "convert", tmp_path / "list.pkl", tmp_path / "y.arrow", "--allow-pickle")
+    assert status == 1 and "holds a list, not a DataProto" in err
+
+
+# ---------------------------------------------------------------- recover, errors
+
+
+def test_recover(tmp_path, capsys):
+    batches = [sample_dataproto(rows=3, seed=s) for s in range(2)]
+    writer = FileWriter(tmp_path / "t.arrow")
+    for b in batches:
+        writer.write(b)
+    (partial,) = tmp_path.glob("t.arrow.*.partial")
+    blob = partial.read_bytes()  # what a killed writer leaves
+    writer.abort()
+    (tmp_path / "left.partial").write_bytes(blob)
+    status, _, err = call(capsys, "inspect", tmp_path / "left.partial")
+    assert status == 1 and "recover" in err
+    status, out, _ = call(capsys, "recover", tmp_path / "left.partial", tmp_path / "fixed.arrow")
+    assert status == 0 and "recovered 2 complete batches (6 rows)" in out
+    assert_dataproto_equal(read_file(tmp_path / "fixed.arrow"), DataProto.concat(batches))
+
+
+def test_errors_are_one_line(tmp_path, capsys):
+    status, _, err = call(capsys, "inspect", tmp_path / "missing.arrow")
+    assert status == 1 and err.startswith("arrow-dataproto: error:") and err.count("\n") == 1
+    (tmp_path / "bad.arrow").write_bytes(b"ARROW1\x00\x00garbage")
+    status, _, err = call(capsys, "head", tmp_path / "bad.arrow")
+    assert status == 1 and "no Arrow footer" in err
+
+
+# ---------------------------------------------------------------- bench
+
+
+def _bench_dir(tmp_path: Path) -> Path:
+    folder = tmp_path / "benchmarks"
+    folder.mkdir()
+    (folder / "bench_alpha.py").write_text(textwrap.dedent("""
+        import sys
+        print("alpha ran", sys.argv[1:])
+    """))
+    (folder / "bench_beta.py").write_text("import sys\nprint('beta ran')\nsys.exit(3)\n")
+    (folder / "helper.py").write_text("raise SystemExit('not a benchmark')\n")
+    return folder
+
+
+def test_bench_runs_each_script_with_a_progress_bar(tmp_path, capsys):
+    folder = _bench_dir(tmp_path)
+    status, out, err = call(capsys, "bench", "--dir", folder, "--quick")
+    assert status == 1  # bench_beta failed
+    assert "alpha ran ['--quick']" in out and "beta ran" in out and "not a benchmark" not in out
+    assert "bench_beta.py (exit 3)" in err
+    status, out, _ = call(capsys, "bench", "alpha", "--dir", folder)
+    assert status == 0 and "alpha ran []" in out and "beta" not in out
+    status, out, _ = call(capsys, "bench", "--list", "--dir", folder)
+    assert out.split() == ["alpha", "beta"]
+
+
+def test_bench_without_a_benchmarks_folder(tmp_path, capsys):
+    status, _, err = call(capsys, "bench", "--dir", tmp_path / "nowhere")
+    assert status == 1 and "no benchmarks folder" in err
+    status, _, err = call(capsys, "bench", "nope", "--dir", _bench_dir(tmp_path))
+    assert status == 1 and "no benchmark ['nope']" in err
+
+
+def test_bench_default_folder_is_the_checkout(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no ./benchmarks here: the checkout's folder is used
+    status, out, _ = call(capsys, "bench", "--list")
+    assert status == 0 and "files" in out.split()
