@@ -1,0 +1,77 @@
+"""DataProto between two Ray nodes (``ray.cluster_utils.Cluster`` on this machine).
+
+The cluster runs in a child process (this file run as a script), so that it
+neither depends on nor disturbs the session's Ray instance. Each node has its
+own object store, so a batch sent to the actor on the second node, and the
+result coming back, cross between stores as they would between machines.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DONE = "two-node round trip: exact both ways"
+
+
+def test_dataproto_to_an_actor_on_a_second_node():
+    pytest.importorskip("ray", reason="ray is not installed (pip install arrow-dataproto[ray])")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))}
+    env.pop("RAY_ADDRESS", None)
+    child = subprocess.run(
+        [sys.executable, os.path.abspath(__file__)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert child.returncode == 0, f"stdout:\n{child.stdout[-4000:]}\nstderr:\n{child.stderr[-8000:]}"
+    assert DONE in child.stdout
+
+
+def main() -> None:
+    """Start a head node and a second node with a custom resource, pin an actor
+    there, and check the data the actor receives and what the driver gets back."""
+    import ray
+    import torch
+    from ray.cluster_utils import Cluster
+    from utils import assert_dataproto_equal, sample_dataproto
+
+    def batch():  # about 1 MiB: travels through the object stores, not inlined
+        return sample_dataproto(rows=64, prompt=1024, response=1024, seed=5)
+
+    @ray.remote(num_cpus=0, resources={"second_node": 1})
+    class Scorer:
+        def node(self):
+            return ray.get_runtime_context().get_node_id()
+
+        def score(self, dp):
+            assert_dataproto_equal(dp, batch())  # what arrived is exact
+            dp.batch["row_sum"] = dp.batch["input_ids"].sum(dim=1)
+            dp.meta_info["scored_on"] = ray.get_runtime_context().get_node_id()
+            return dp
+
+    store = 128 * 1024**2
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": store})
+    cluster.add_node(num_cpus=1, object_store_memory=store, resources={"second_node": 1})
+    ray.init(address=cluster.address, include_dashboard=False, configure_logging=False)
+    try:
+        driver_node = ray.get_runtime_context().get_node_id()
+        scorer = Scorer.remote()
+        actor_node = ray.get(scorer.node.remote())
+        assert actor_node != driver_node, "the actor should run on the second node"
+
+        sent = batch()
+        result = ray.get(scorer.score.remote(sent))
+        assert result.meta_info.pop("scored_on") == actor_node
+        assert torch.equal(result.batch.pop("row_sum"), sent.batch["input_ids"].sum(dim=1))
+        assert_dataproto_equal(result, batch())
+        assert_dataproto_equal(sent, batch())  # the driver's own data is untouched
+        print(DONE)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+if __name__ == "__main__":
+    main()
