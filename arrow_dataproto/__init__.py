@@ -7,6 +7,7 @@ Public API::
     receive_options, set_receive_options       what an unpickled DataProto copies and where it goes
     write_file, FileWriter, open_file,         Arrow IPC files of batches (arrow_dataproto.files)
     read_file, open_dataset, recover_file
+    to_pandas, from_pandas                     DataFrames (arrow_dataproto.pandas; needs pandas)
     DataProtoError and its subclasses          every error the library raises
 """
 
@@ -25,6 +26,15 @@ from .pickling import ReceiveOptions, get_receive_options, receive_options, set_
 from .protocol import DataProto, DataProtoItem
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # pandas is an optional dependency: import its module only when asked for.
+    if name in ("to_pandas", "from_pandas"):
+        from . import pandas as _pandas
+
+        return getattr(_pandas, name)
+    raise AttributeError(f"module 'arrow_dataproto' has no attribute {name!r}")
 
 __all__ = [
     "DataProto",

@@ -267,7 +267,7 @@ class DataProto:
         return self
 
     def to_pandas(self):
-        """One DataFrame row per sample (see :func:`arrow_dataproto.to_pandas`)."""
+        """One DataFrame row per sample (see :func:`arrow_dataproto.pandas.to_pandas`)."""
         from .pandas import to_pandas
 
         return to_pandas(self)
