@@ -9,8 +9,8 @@ as they are, as Ray hands them over, so no transport cost is included here.
     python benchmarks/bench_codec.py            # seed batch (1 GiB) and PPO batch
     python benchmarks/bench_codec.py --quick    # small sizes, a smoke run
 
-Prints a table with ratios against our zero-copy path and writes it to
-``benchmarks/results/codec.md``.
+Prints a table with ratios against our zero-copy path; a full run also writes
+it to ``benchmarks/results/codec.md`` (``--out`` to choose another file).
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small batches, one repeat")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", default=str(HERE / "results" / "codec.md"))
+    parser.add_argument("--out", help="where to write the table (default: results/codec.md on a full run)")
     args = parser.parse_args()
     if args.quick:
         cases = [
@@ -132,8 +132,10 @@ def main() -> None:
     rows = run(cases, repeats)
     text = table(rows, "python " + " ".join(["benchmarks/bench_codec.py", *sys.argv[1:]]))
     print("\n" + text)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
+    out = args.out or (None if args.quick else HERE / "results" / "codec.md")
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text)
 
 
 if __name__ == "__main__":
