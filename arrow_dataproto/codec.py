@@ -124,17 +124,28 @@ def to_arrow(data: Any) -> pa.RecordBatch:
 def to_ipc(data: Any, *, compression: str | None = None) -> pa.Buffer:
     """Encode as one Arrow IPC stream (schema + one record batch) in a new buffer.
 
-    Writing the stream copies every byte once (it is one contiguous buffer);
-    ``compression`` is ``None``, ``"lz4"`` or ``"zstd"`` (per buffer).
+    Writing the stream copies every byte once (it is one contiguous buffer):
+    uncompressed streams are sized first and written into one exact allocation,
+    never regrown. ``compression`` is ``None``, ``"lz4"`` or ``"zstd"`` (per buffer).
     """
     if compression not in COMPRESSIONS:
         raise EncodeError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
     record_batch = to_arrow(data)
-    sink = pa.BufferOutputStream()
     options = pa.ipc.IpcWriteOptions(compression=compression, allow_64bit=True)
-    with pa.ipc.new_stream(sink, record_batch.schema, options=options) as writer:
-        writer.write_batch(record_batch)
-    return sink.getvalue()
+
+    def write(sink) -> None:
+        with pa.ipc.new_stream(sink, record_batch.schema, options=options) as writer:
+            writer.write_batch(record_batch)
+
+    if compression is not None:  # sizing would compress twice: let the buffer grow instead
+        sink = pa.BufferOutputStream()
+        write(sink)
+        return sink.getvalue()
+    sizer = pa.MockOutputStream()
+    write(sizer)
+    buffer = pa.allocate_buffer(sizer.size())
+    write(pa.FixedSizeBufferWriter(buffer))
+    return buffer
 
 
 # ---------------------------------------------------------------- decode

@@ -65,6 +65,18 @@ class Ours:
         return payload  # already rebuilt by pickle.loads under receive_options
 
 
+class OursIpc:
+    """arrow_dataproto as one Arrow IPC stream: ``to_ipc`` (one copy) and ``from_ipc`` (zero-copy views)."""
+
+    name = "arrow_dataproto IPC stream"
+
+    def encode(self, td, non_tensor, meta):
+        return adp.to_ipc(adp.DataProto(td, non_tensor, meta))
+
+    def decode(self, payload):
+        return adp.from_ipc(payload)
+
+
 def _measure(path, td, non_tensor, meta, repeats: int) -> tuple[float, float]:
     encode_s, (payload, buffers) = _median_time(lambda: _pickled(path.encode(td, non_tensor, meta)), repeats)
 
@@ -77,7 +89,7 @@ def _measure(path, td, non_tensor, meta, repeats: int) -> tuple[float, float]:
 
 
 def run(cases, repeats: int) -> list[tuple]:
-    paths = [Ours(copy=False), Ours(copy=True), *all_rivals()]
+    paths = [Ours(copy=False), Ours(copy=True), OursIpc(), *all_rivals()]
     rows = []
     for case_name, build in cases:
         td, non_tensor, meta = build()
