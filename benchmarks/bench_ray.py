@@ -275,6 +275,7 @@ def measure(actor, paths, builders, repeats: int, log) -> list[dict]:
         for path in paths:
             row = {"batch": batch_name, "path": path.name, "bytes": nbytes(data[0]), "repeats": repeats}
             row.update({key: statistics.median(r[key] for r in runs[path.name]) for key in ("send", "total")})
+            row["best"] = min(r["total"] for r in runs[path.name])
             row["peak"] = max(r["peak"] for r in runs[path.name])
             rows.append(row)
             log(f"{batch_name:7s} {path.name:26s} total {row['total']:8.3f} s  send {row['send']:7.3f} s  "
@@ -334,19 +335,20 @@ def _by(rows, batch, path):
 
 
 def table(rows) -> str:
+    nan = {"total": float("nan")}  # a reference path left out with --paths
     out = []
     for batch in dict.fromkeys(r["batch"] for r in rows):
-        size = _by(rows, batch, FLOOR)["bytes"]
-        floor, verl_np, verl_def = (_by(rows, batch, p) for p in (FLOOR, VERL_NUMPY, VERL_DEFAULT))
+        size = next(r["bytes"] for r in rows if r["batch"] == batch)
+        floor, verl_np, verl_def = (_by(rows, batch, p) or nan for p in (FLOOR, VERL_NUMPY, VERL_DEFAULT))
         out += [
             f"\n### {batch} batch ({size / 2**20:,.0f} MiB of tensors)\n",
-            "| path | total s | send s | receive s | × floor | × faster than verl numpy | × faster than verl default "
-            "| sender peak MiB (× batch) |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
+            "| path | total s | best s | send s | receive s | × floor | × faster than verl numpy "
+            "| × faster than verl default | sender peak MiB (× batch) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in sorted((r for r in rows if r["batch"] == batch), key=lambda r: r["total"]):
             out.append(
-                f"| {r['path']} | {r['total']:.3f} | {r['send']:.3f} | {r['total'] - r['send']:.3f} "
+                f"| {r['path']} | {r['total']:.3f} | {r['best']:.3f} | {r['send']:.3f} | {r['total'] - r['send']:.3f} "
                 f"| {r['total'] / floor['total']:.2f} | {verl_np['total'] / r['total']:.1f} "
                 f"| {verl_def['total'] / r['total']:.1f} | {r['peak'] / 2**20:,.0f} ({r['peak'] / size:.2f}) |"
             )
@@ -396,7 +398,7 @@ def chart(rows, path: Path) -> None:
         ax.barh(path_names, values, color=colors)
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_title(f"{batch} batch ({_by(rows, batch, FLOOR)['bytes'] / 2**20:,.0f} MiB)")
+        ax.set_title(f"{batch} batch ({next(r['bytes'] for r in rows if r['batch'] == batch) / 2**20:,.0f} MiB)")
         ax.set_xlabel("seconds, driver → actor → tensors in hand (log)")
         ax.invert_yaxis()
         for i, v in enumerate(values):
@@ -424,7 +426,7 @@ median of {args.repeats} runs per cell (the paths take turns in each repeat), af
 a 0.5 s pause before each run lets the store release the previous object.
 
 - total = encode + `ray.put` (send) + remote call + receive (Ray's unpickling of the argument, the rest
-  of the decode, reading one element of every tensor).
+  of the decode, reading one element of every tensor); median, and best of the runs; the ratios use medians.
 - sender peak = largest growth of the driver's private resident memory during the send (sampled every
   2 ms), i.e. copies besides the one into the shared-memory object store; × batch = over the tensor bytes.
 - `numpy_floor+clone` = the floor followed by a `clone()` of every tensor in the actor: the floor plus one
@@ -437,6 +439,12 @@ a 0.5 s pause before each run lets the store release the previous object.
 ## Targets (issue 3)
 
 {targets(rows)}
+
+The safe default copies every tensor once in the receiver, as verl's numpy mode does (its `bytearray`),
+so it cannot be several times faster than that mode: the ratios over verl's modes are the zero-copy
+mode's to reach, and no path can beat the floor's own ratio (the "for context" rows). The verl rows are
+measured here, side by side; the issue's own figures for real verl 0.9.1 on this machine were 12.3 s
+(default) and 1.45 s (numpy) for the seed batch.
 """
 
 
