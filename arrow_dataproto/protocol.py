@@ -31,7 +31,10 @@ def _object_array(values: Any) -> np.ndarray:
 
 def _index_tensor(index: Any, length: int) -> torch.Tensor:
     """A 1-D int64 index tensor from a list, numpy array or tensor of ints or bools."""
-    index = torch.as_tensor(np.asarray(index.cpu() if isinstance(index, torch.Tensor) else index))
+    if isinstance(index, torch.Tensor):
+        index = index.detach().cpu()
+    else:  # np.array copies: a read-only index (a pandas mask, say) would make torch warn
+        index = torch.as_tensor(np.array(index))
     if index.dtype == torch.bool:
         if index.shape != (length,):
             raise IndexError(f"boolean mask of shape {tuple(index.shape)} for {length} rows")

@@ -463,3 +463,16 @@ def test_operations_without_a_batch():
     assert_rows(dp.repeat(2, interleave=False), dp, [0, 1, 2, 3, 4] * 2)
     assert [len(p) for p in dp.chunk(2)] == [3, 2]
     assert_dataproto_equal(dp, DataProto.concat(dp.chunk(3)))
+
+
+def test_read_only_numpy_index_selects_rows_without_warnings():
+    """A read-only mask (what pandas hands out) indexes rows like a writable one, silently."""
+    import warnings
+
+    dp = DataProto(TensorDict({"x": torch.arange(5)}, batch_size=[5]))
+    mask = np.array([True, False, True, False, True])
+    mask.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert dp[mask].batch["x"].tolist() == [0, 2, 4]
+        assert dp.select_idxs(np.flatnonzero(mask)).batch["x"].tolist() == [0, 2, 4]
