@@ -114,11 +114,16 @@ def to_arrow(data: Any) -> pa.RecordBatch:
     if batch is not None and rows and rows != {batch.batch_size[0]}:
         raise EncodeError(f"non_tensor_batch has {sorted(rows)} rows, the batch {batch.batch_size[0]}")
     num_rows = batch.batch_size[0] if batch is not None else (rows.pop() if rows else 0)
-    schema = pa.schema(fields, metadata=metadata)
-    if not arrays:  # no columns, but the row count of an empty TensorDict still matters
-        empty = pa.RecordBatch.from_struct_array(pa.array([{}] * num_rows, type=pa.struct([])))
-        return empty.replace_schema_metadata(metadata)
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+    return record_batch_of(arrays, pa.schema(fields, metadata=metadata), num_rows)
+
+
+def record_batch_of(arrays: list[pa.Array], schema: pa.Schema, num_rows: int) -> pa.RecordBatch:
+    """A RecordBatch of ``arrays``; with no columns it still has ``num_rows`` rows
+    (the row count of an empty TensorDict matters), built in constant memory."""
+    if arrays:
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+    no_fields = pa.Array.from_buffers(pa.struct([]), num_rows, [None], children=[])
+    return pa.RecordBatch.from_struct_array(no_fields).replace_schema_metadata(schema.metadata)
 
 
 def to_ipc(data: Any, *, compression: str | None = None) -> pa.Buffer:

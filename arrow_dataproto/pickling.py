@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
+from .codec import record_batch_of
 from .errors import DecodeError, column_error
 
 
@@ -149,11 +150,7 @@ def batch_from_state(schema_bytes: bytes, num_rows: int, columns: list[tuple]) -
         schema = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
         if len(columns) != len(schema):
             raise DecodeError(f"pickled batch has {len(columns)} columns, its schema {len(schema)}")
-        arrays = [_column(f, c) for f, c in zip(schema, columns)]
-        if not arrays:
-            empty = pa.RecordBatch.from_struct_array(pa.array([{}] * num_rows, type=pa.struct([])))
-            return empty.replace_schema_metadata(schema.metadata)
-        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+        return record_batch_of([_column(f, c) for f, c in zip(schema, columns)], schema, num_rows)
     except (pa.ArrowException, OSError, TypeError, ValueError) as e:  # pyarrow: OSError for corrupt schema bytes
         if isinstance(e, DecodeError):
             raise
