@@ -11,7 +11,7 @@ Public API::
     DataProtoError and its subclasses          every error the library raises
 """
 
-from .codec import FORMAT_VERSION, from_arrow, from_ipc, to_arrow, to_ipc
+from ._codec import FORMAT_VERSION, from_arrow, from_ipc, to_arrow, to_ipc
 from .errors import (
     ColumnNotFoundError,
     DataProtoError,
@@ -23,7 +23,7 @@ from .errors import (
 )
 from .files import FileWriter, open_dataset, open_file, read_file, recover_file, write_file
 from .pickling import ReceiveOptions, get_receive_options, receive_options, set_receive_options
-from .protocol import DataProto, DataProtoItem
+from ._container import DataProto, DataProtoItem
 
 __version__ = "0.1.0"
 

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .codec import _VERSION, check_format
+from ._codec import _VERSION, check_format
 from .errors import DataProtoError, DecodeError, PickleNotAllowedError
 from .files import MAGIC, copy_file, open_file, progress_bar, recover_file, write_file
-from .protocol import DataProto
+from ._container import DataProto
 
 PICKLED = "<pickled>"
 """What ``head`` shows in a pickled column without ``--allow-pickle``."""

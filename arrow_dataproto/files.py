@@ -55,8 +55,8 @@ import pyarrow as pa
 import torch
 from tensordict import is_tensor_collection
 
-from . import objects, tensors
-from .codec import _BATCH_SIZE, _TREE, COMPRESSIONS, check_format, from_arrow, to_arrow
+from . import _objects as objects, _tensors as tensors
+from ._codec import _BATCH_SIZE, _TREE, COMPRESSIONS, check_format, from_arrow, to_arrow
 from .errors import (
     ColumnNotFoundError,
     DataProtoError,
@@ -65,8 +65,8 @@ from .errors import (
     PickleNotAllowedError,
     SchemaMismatchError,
 )
-from .objects import META_INFO, META_INFO_ENCODING
-from .protocol import DataProto
+from ._objects import META_INFO, META_INFO_ENCODING
+from ._container import DataProto
 
 __all__ = [
     "ColumnInfo",

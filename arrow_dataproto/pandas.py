@@ -44,11 +44,11 @@ try:
 except ImportError as e:  # pragma: no cover - pandas is an optional dependency
     raise ImportError("arrow_dataproto.pandas needs pandas: pip install 'arrow-dataproto[interop]'") from e
 
-from .codec import _count_leaves, _flatten, _parts, _Placement, _unflatten
-from .dtypes import dtype_from_name, dtype_name
+from ._codec import _count_leaves, _flatten, _parts, _Placement, _unflatten
+from ._dtypes import dtype_from_name, dtype_name
 from .errors import DecodeError, EncodeError, column_error
-from .objects import _dtype_from_str, _dtype_to_str
-from .protocol import DataProto
+from ._objects import _dtype_from_str, _dtype_to_str
+from ._container import DataProto
 
 __all__ = ["to_pandas", "from_pandas", "RECORD", "META_INFO"]
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
-from .codec import record_batch_of
+from ._codec import record_batch_of
 from .errors import DecodeError, column_error
 
 
@@ -159,7 +159,7 @@ def batch_from_state(schema_bytes: bytes, num_rows: int, columns: list[tuple]) -
 
 def reduce_dataproto(data) -> tuple:
     """``__reduce_ex__`` value for a DataProto: rebuilt by :func:`rebuild_dataproto`."""
-    from .codec import to_arrow
+    from ._codec import to_arrow
 
     return rebuild_dataproto, batch_state(to_arrow(data))
 
@@ -169,7 +169,7 @@ def rebuild_dataproto(schema_bytes: bytes, num_rows: int, columns: list[tuple]):
 
     Pickled non-tensor columns are allowed here: unpickling already trusts the sender.
     """
-    from .codec import from_arrow
+    from ._codec import from_arrow
 
     options = get_receive_options()
     record_batch = batch_from_state(schema_bytes, num_rows, columns)

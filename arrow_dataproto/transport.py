@@ -50,7 +50,7 @@ from typing import Any, Callable, Sequence
 
 from .errors import DataProtoError
 from .pickling import batch_state, rebuild_dataproto, receive_options
-from .protocol import DataProto
+from ._container import DataProto
 
 __all__ = ["Parcel", "receive_as", "get", "receiving", "scatter", "broadcast", "gather", "scatter_gather"]
 
@@ -86,7 +86,7 @@ class Parcel:
         return [Parcel(piece, copy=self.copy, device=self.device) for piece in self.data.chunk(chunks)]
 
     def __reduce_ex__(self, protocol: int):
-        from .codec import to_arrow
+        from ._codec import to_arrow
 
         return _unpack, (self.copy, self.device, *batch_state(to_arrow(self.data)))
 

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from tensordict import TensorDict
 
 import arrow_dataproto as adp
-from arrow_dataproto.dtypes import STORAGE
+from arrow_dataproto._dtypes import STORAGE
 from utils import assert_dataproto_equal, assert_tensor_equal, sample_dataproto
 
 pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental:UserWarning")
@@ -249,7 +249,7 @@ def absent_device() -> str:
 @given(dataprotos())
 def test_round_trip_arrow_and_ipc(dp):
     assert_dataproto_equal(dp, arrow_round_trip(dp, allow_pickle=True))
-    for compression in adp.codec.COMPRESSIONS:
+    for compression in adp._codec.COMPRESSIONS:
         assert_dataproto_equal(dp, ipc_round_trip(dp, compression, allow_pickle=True))
 
 
@@ -278,7 +278,7 @@ def test_a_slice_of_a_batch_round_trips(data):
 def test_sample_batch_round_trips_every_way():
     dp = sample_dataproto()
     assert_dataproto_equal(dp, arrow_round_trip(dp))
-    for compression in adp.codec.COMPRESSIONS:
+    for compression in adp._codec.COMPRESSIONS:
         assert_dataproto_equal(dp, ipc_round_trip(dp, compression))
 
 

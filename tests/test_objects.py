@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arrow_dataproto.errors import DecodeError, EncodeError, PickleNotAllowedError
-from arrow_dataproto.objects import (
+from arrow_dataproto._objects import (
     decode_column,
     decode_meta_info,
     encode_column,

@@ -14,7 +14,7 @@ from tensordict import TensorDict
 from utils import assert_dataproto_equal, assert_tensor_equal, sample_dataproto
 
 from arrow_dataproto import DataProto, DecodeError, EncodeError
-from arrow_dataproto.dtypes import STORAGE
+from arrow_dataproto._dtypes import STORAGE
 from arrow_dataproto.pandas import META_INFO, RECORD, from_pandas, to_pandas
 
 NARROW_FLOATS = [

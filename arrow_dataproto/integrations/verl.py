@@ -55,8 +55,8 @@ import numpy as np
 import torch
 from tensordict import TensorDict, is_tensor_collection
 
-from ..codec import _available, to_arrow
-from ..dtypes import dtype_from_name
+from .._codec import _available, to_arrow
+from .._dtypes import dtype_from_name
 from ..errors import DecodeError, column_error
 from ..pickling import batch_state, get_receive_options, rebuild_dataproto
 

@@ -22,9 +22,9 @@ import pyarrow as pa
 import torch
 from tensordict import TensorDict, is_non_tensor, is_tensor_collection
 
-from . import objects
+from . import _objects as objects
 from .errors import DecodeError, EncodeError, FormatVersionError, column_error
-from .tensors import DEVICE, decode_tensor, encode_tensor
+from ._tensors import DEVICE, decode_tensor, encode_tensor
 
 FORMAT_NAME = "arrow-dataproto"
 FORMAT_VERSION = (1, 0)
@@ -306,7 +306,7 @@ def from_arrow(
     against the buffers before a tensor is built; a malformed batch raises
     :class:`DecodeError`, an unknown major version :class:`FormatVersionError`.
     """
-    from .protocol import DataProto
+    from ._container import DataProto
 
     if not isinstance(record_batch, pa.RecordBatch):
         raise DecodeError(f"expected a pyarrow.RecordBatch, got {type(record_batch).__name__}")
@@ -400,7 +400,7 @@ def from_ipc(
     errors as in :func:`from_arrow`; a stream holding several record batches is
     concatenated (a copy).
     """
-    from .protocol import DataProto
+    from ._container import DataProto
 
     try:
         source = buffer if isinstance(buffer, pa.Buffer) else pa.py_buffer(buffer)

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, is_tensor_collection
 
-from . import rows
+from . import _rows as rows
 
 
 def _object_array(values: Any) -> np.ndarray:

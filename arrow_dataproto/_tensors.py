@@ -35,7 +35,7 @@ import math
 import pyarrow as pa
 import torch
 
-from .dtypes import STORAGE, Storage, dtype_from_name, dtype_name, storage_of
+from ._dtypes import STORAGE, Storage, dtype_from_name, dtype_name, storage_of
 from .errors import DecodeError, EncodeError, column_error
 
 KIND = "adp.kind"
