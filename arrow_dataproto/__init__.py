@@ -11,7 +11,9 @@ Public API::
     DataProtoError and its subclasses          every error the library raises
 """
 
-from ._codec import FORMAT_VERSION, from_arrow, from_ipc, to_arrow, to_ipc
+from ._codec import to_arrow, to_ipc
+from ._decoding import from_arrow, from_ipc
+from ._format import FORMAT_VERSION
 from .errors import (
     ColumnNotFoundError,
     DataProtoError,

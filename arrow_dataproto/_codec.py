@@ -1,11 +1,15 @@
-"""DataProto <-> Arrow RecordBatch <-> Arrow IPC stream.
+"""The codec: DataProto parts <-> Arrow RecordBatch <-> Arrow IPC stream.
 
 A DataProto becomes one RecordBatch with a row per sample: first one column
 per TensorDict leaf (depth-first, in key order; nested keys are joined with
-``.``), then one column per ``non_tensor_batch`` entry. The schema metadata
-holds the format name and version, the batch size, the device, the shape of
-the TensorDict tree and ``meta_info``; each column's metadata holds its torch
-dtype, per-row shape, layout and device. ``docs/format.md`` is the full spec.
+``.``), then one column per ``non_tensor_batch`` entry. The metadata is
+written and read through :mod:`arrow_dataproto._format`; each column through
+its kind in :mod:`arrow_dataproto._tensors` or :mod:`arrow_dataproto._objects`.
+``docs/format.md`` is the full spec.
+
+This module knows nothing of the container class: :func:`decode` returns the
+three parts (:class:`Parts`), and :mod:`arrow_dataproto._decoding` wraps them in a
+:class:`~arrow_dataproto.DataProto`.
 
 Encoding and decoding cost metadata only: no tensor byte is copied unless a
 tensor is non-contiguous, off the CPU, or the caller asks for a copy.
@@ -13,64 +17,69 @@ tensor is non-contiguous, off the CPU, or the caller asks for a copy.
 
 from __future__ import annotations
 
-import json
 import warnings
 from functools import lru_cache
-from typing import Any
+from typing import Any, Iterable, Iterator, NamedTuple
 
 import pyarrow as pa
 import torch
 from tensordict import TensorDict, is_non_tensor, is_tensor_collection
 
-from . import _objects as objects
-from .errors import DecodeError, EncodeError, FormatVersionError, column_error
-from ._tensors import DEVICE, decode_tensor, encode_tensor
-
-FORMAT_NAME = "arrow-dataproto"
-FORMAT_VERSION = (1, 0)
-"""Major.minor. A reader accepts any minor of its own major and refuses other majors."""
-
-_FORMAT = "adp.format"
-_VERSION = "adp.version"
-_BATCH_SIZE = "adp.batch_size"
-_DEVICE = "adp.device"
-_TREE = "adp.tree"
-
-COMPRESSIONS = (None, "lz4", "zstd")
-
-
-# ---------------------------------------------------------------- input
+from . import _jagged, _objects
+from ._format import (
+    COMPRESSIONS,
+    FORMAT,
+    FORMAT_NAME,
+    META_INFO,
+    META_INFO_ENCODING,
+    VERSION,
+    Node,
+    TensorSpec,
+    check_schema,
+    text_metadata,
+    version_text,
+)
+from ._tensors import decode_tensor, encode_tensor
+from .errors import ColumnNotFoundError, DecodeError, EncodeError, column_error
 
 
-def _parts(data: Any) -> tuple[TensorDict | None, dict, dict]:
+class Parts(NamedTuple):
+    """The three fields of a DataProto."""
+
+    batch: TensorDict | None
+    non_tensor_batch: dict
+    meta_info: dict
+
+
+# ---------------------------------------------------------------- encode
+
+
+def parts_of(data: Any) -> Parts:
     """``(batch, non_tensor_batch, meta_info)`` of a DataProto (ours or verl's) or a TensorDict."""
     if is_tensor_collection(data):
-        return data, {}, {}
+        return Parts(data, {}, {})
     try:
-        return data.batch, dict(data.non_tensor_batch or {}), dict(data.meta_info or {})
+        return Parts(data.batch, dict(data.non_tensor_batch or {}), dict(data.meta_info or {}))
     except AttributeError:
         raise EncodeError(
             f"expected a DataProto (batch, non_tensor_batch, meta_info) or a TensorDict, got {type(data).__name__}"
         ) from None
 
 
-def _flatten(td: TensorDict, prefix: str, columns: list[tuple[str, torch.Tensor]]) -> list:
-    """Append ``td``'s leaves to ``columns`` and return its tree (see :func:`_unflatten`)."""
-    tree: list = []
-    for key, value in td.items():
-        name = f"{prefix}{key}"
+def _flatten(td: TensorDict, key: str, prefix: str, columns: list[tuple[str, torch.Tensor]]) -> Node:
+    """``td``'s tree; its leaves are appended to ``columns`` in column order."""
+    entries: list = []
+    for sub_key, value in td.items():
+        name = f"{prefix}{sub_key}"
         if is_non_tensor(value):
             raise EncodeError(f"column {name!r}: non-tensor data in the TensorDict; put it in non_tensor_batch")
         if is_tensor_collection(value):
-            device = None if value.device is None else str(value.device)
-            tree.append([key, list(value.batch_size), device, _flatten(value, f"{name}.", columns)])
+            entries.append(_flatten(value, sub_key, f"{name}.", columns))
         else:
-            tree.append(key)
+            entries.append(sub_key)
             columns.append((name, value))
-    return tree
-
-
-# ---------------------------------------------------------------- encode
+    device = None if td.device is None else str(td.device)
+    return Node(key, tuple(td.batch_size), device, tuple(entries))
 
 
 def to_arrow(data: Any) -> pa.RecordBatch:
@@ -81,26 +90,24 @@ def to_arrow(data: Any) -> pa.RecordBatch:
     larger tensor exports only its own rows. Non-contiguous or off-CPU tensors
     are copied once. Raises :class:`EncodeError` for unsupported content.
     """
-    batch, non_tensor, meta_info = _parts(data)
+    batch, non_tensor, meta_info = parts_of(data)
     columns: list[tuple[str, torch.Tensor]] = []
-    metadata = {_FORMAT: FORMAT_NAME, _VERSION: "%d.%d" % FORMAT_VERSION}
+    metadata = {FORMAT: FORMAT_NAME, VERSION: version_text()}
     if batch is None:
-        metadata.update({_BATCH_SIZE: "null", _DEVICE: "null", _TREE: "[]"})
+        metadata.update(Node.empty_metadata())
     else:
         if batch.batch_dims < 1:
             raise EncodeError("the TensorDict needs at least one batch dimension (rows)")
-        metadata[_BATCH_SIZE] = json.dumps(list(batch.batch_size))
-        metadata[_DEVICE] = json.dumps(None if batch.device is None else str(batch.device))
-        metadata[_TREE] = json.dumps(_flatten(batch, "", columns))
-    metadata.update(objects.encode_meta_info(meta_info))
+        metadata.update(_flatten(batch, "", "", columns).metadata())
+    metadata.update(_objects.encode_meta_info(meta_info))
 
     fields, arrays = [], []
     for name, tensor in columns:
-        array, field_meta = encode_tensor(name, tensor)
-        fields.append(pa.field(name, array.type, nullable=False, metadata=field_meta))
+        array, spec = encode_tensor(name, tensor)
+        fields.append(pa.field(name, array.type, nullable=False, metadata=spec.metadata()))
         arrays.append(array)
     for name, values in non_tensor.items():
-        array, field_meta = objects.encode_column(str(name), values)
+        array, field_meta = _objects.encode_column(str(name), values)
         fields.append(pa.field(str(name), array.type, metadata=field_meta))
         arrays.append(array)
 
@@ -156,79 +163,6 @@ def to_ipc(data: Any, *, compression: str | None = None) -> pa.Buffer:
 # ---------------------------------------------------------------- decode
 
 
-def check_format(schema: pa.Schema) -> dict[str, str]:
-    """The schema's metadata as ``str -> str``, after checking the format name and major version.
-
-    Raises :class:`DecodeError` when the schema is not ours, and
-    :class:`FormatVersionError` when its major version is not this library's.
-    """
-    metadata = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in (schema.metadata or {}).items()}
-    if metadata.get(_FORMAT) != FORMAT_NAME:
-        raise DecodeError(f"not an {FORMAT_NAME} payload (schema metadata {_FORMAT!r} is {metadata.get(_FORMAT)!r})")
-    version = metadata.get(_VERSION, "")
-    major, _, minor = version.partition(".")
-    if not (major.isdigit() and minor.isdigit()):
-        raise DecodeError(f"malformed format version {version!r}")
-    if int(major) != FORMAT_VERSION[0]:
-        raise FormatVersionError(
-            f"format version {version} is not readable by this version of arrow-dataproto, "
-            f"which reads {FORMAT_VERSION[0]}.x"
-        )
-    try:
-        _field_names(list(schema))
-    except UnicodeDecodeError as e:  # a corrupt payload
-        raise DecodeError(f"column names are not valid UTF-8: {e}") from None
-    return metadata
-
-
-def _field_names(fields: list[pa.Field]) -> None:
-    """Read the name of every field, nested ones too (pyarrow decodes names on access)."""
-    for field in fields:
-        kind = field.type.storage_type if isinstance(field.type, pa.BaseExtensionType) else field.type
-        field.name  # pyarrow decodes the name here: UnicodeDecodeError if it is not UTF-8
-        _field_names([kind.field(i) for i in range(kind.num_fields)])
-
-
-def _json(metadata: dict[str, str], key: str) -> Any:
-    try:
-        return json.loads(metadata[key])
-    except KeyError:
-        raise DecodeError(f"schema metadata lacks {key!r}") from None
-    except (ValueError, RecursionError) as e:  # RecursionError: nested too deep
-        raise DecodeError(f"schema metadata {key!r} is not valid JSON: {e!r}") from None
-
-
-def _count_leaves(tree: Any) -> int:
-    if not isinstance(tree, list):
-        raise DecodeError("malformed TensorDict tree in the schema metadata")
-    count = 0
-    for entry in tree:
-        if isinstance(entry, str):
-            count += 1
-        elif (
-            isinstance(entry, list)
-            and len(entry) == 4
-            and isinstance(entry[0], str)
-            and isinstance(entry[1], list)
-            and (entry[2] is None or isinstance(entry[2], str))
-        ):
-            count += _count_leaves(entry[3])
-        else:
-            raise DecodeError(f"malformed TensorDict tree entry {entry!r}")
-    return count
-
-
-def _leaf_names(tree: list, prefix: str = "") -> list[str]:
-    """The column names :func:`to_arrow` gives the leaves of a tree that passed :func:`_count_leaves`."""
-    names: list[str] = []
-    for entry in tree:
-        if isinstance(entry, str):
-            names.append(prefix + entry)
-        else:
-            names += _leaf_names(entry[3], f"{prefix}{entry[0]}.")
-    return names
-
-
 def _check_offsets(name: str, array: pa.Array) -> None:
     """What Arrow's full validation skips (pyarrow 26): a negative offset, and a fixed_size_list
     whose values end before its offset + length. Either would let a view read outside the
@@ -251,14 +185,15 @@ def _check_offsets(name: str, array: pa.Array) -> None:
 
 
 @lru_cache(maxsize=None)
-def _available(device: str) -> bool:
+def device_available(device: str) -> bool:
+    """Whether this process can hold tensors on ``device`` (``"cuda:1"``...)."""
     try:
         return torch.empty(0, device=device).device.type != "meta"  # meta tensors would drop the data
     except (RuntimeError, AssertionError, ValueError):
         return False
 
 
-class _Placement:
+class Placement:
     """Where decoded tensors go: ``device=`` if given, else the recorded device, else the CPU (one warning)."""
 
     def __init__(self, override: str | torch.device | None):
@@ -270,7 +205,7 @@ class _Placement:
             return self.override
         if recorded is None:
             return None
-        if _available(recorded):
+        if device_available(recorded):
             return torch.device(recorded)
         self.missing.add(recorded)
         return torch.device("cpu")
@@ -280,44 +215,71 @@ class _Placement:
             warnings.warn(
                 f"recorded device(s) {sorted(self.missing)} not available here; tensors were placed on the CPU",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
 
 
-def from_arrow(
+def _unflatten(node: Node, tensors: Iterator[torch.Tensor], placement: Placement) -> TensorDict:
+    """The TensorDict of ``node``, its leaves taken from ``tensors`` in column order."""
+    content: dict[str, Any] = {}
+    for entry in node.entries:
+        if isinstance(entry, str):
+            content[entry] = next(tensors)
+        else:
+            content[entry.key] = _unflatten(entry, tensors, placement)
+    try:
+        return TensorDict(content, batch_size=list(node.batch_size), device=placement(node.device))
+    except (RuntimeError, ValueError, TypeError, IndexError) as e:
+        raise DecodeError(f"tensors do not fit batch_size {list(node.batch_size)}: {e}") from e
+
+
+def decode(
     record_batch: pa.RecordBatch,
     *,
+    columns: Iterable[str] | None = None,
+    rows: tuple[int, int] | None = None,
+    meta_info: bool = True,
     device: str | torch.device | None = None,
     copy: bool = False,
     allow_pickle: bool = False,
-):
-    """Rebuild a :class:`~arrow_dataproto.DataProto` from a RecordBatch made by :func:`to_arrow`.
+) -> Parts:
+    """The three parts of a DataProto from a RecordBatch made by :func:`to_arrow`.
 
-    Zero-copy by default: CPU tensors (and numeric numpy columns) view the
-    RecordBatch's buffers, so they are only as writable as that memory, and
-    writes show in every other view of it. ``copy=True`` gives tensors that own
-    their memory. ``device`` (like ``map_location``) places every tensor there
-    (one copy each); otherwise each goes to its recorded device, or to the CPU
-    with one ``RuntimeWarning`` if this process lacks it.
-
-    Pickled non-tensor columns or ``meta_info`` are refused with
-    :class:`PickleNotAllowedError` unless ``allow_pickle=True``: only allow
-    pickles from a trusted source. Every length, offset and shape is checked
-    against the buffers before a tensor is built; a malformed batch raises
-    :class:`DecodeError`, an unknown major version :class:`FormatVersionError`.
+    ``columns``: decode only these (exact column names, see
+    :func:`~arrow_dataproto._format.resolve_columns`; the batch may already hold only them); ``rows``: only rows ``start:stop`` (a zero-copy slice);
+    ``meta_info=False``: leave ``meta_info`` empty, decoding none of it. Other
+    arguments, copies and errors as in :func:`arrow_dataproto.from_arrow`.
     """
-    from ._container import DataProto
-
     if not isinstance(record_batch, pa.RecordBatch):
         raise DecodeError(f"expected a pyarrow.RecordBatch, got {type(record_batch).__name__}")
-    metadata = check_format(record_batch.schema)
-    batch_size, td_device, tree = (_json(metadata, k) for k in (_BATCH_SIZE, _DEVICE, _TREE))
-    leaves = _count_leaves(tree)
-    if leaves > record_batch.num_columns:
-        raise DecodeError(f"the tree names {leaves} tensor columns, the batch has {record_batch.num_columns}")
+    metadata = check_schema(record_batch.schema)
+    tree = Node.parse(metadata)
+    if tree is not None and tree.batch_size[0] != record_batch.num_rows:
+        raise DecodeError(f"batch_size {list(tree.batch_size)} disagrees with the {record_batch.num_rows} rows present")
+    if columns is not None:
+        keep = set(columns)
+        names = record_batch.schema.names
+        missing = sorted(keep - set(names))
+        if missing:
+            raise ColumnNotFoundError(f"no column {missing} in the batch; columns: {names}")
+        if len(keep) < len(names):
+            record_batch = record_batch.select([i for i, n in enumerate(names) if n in keep])
+        if tree is not None:
+            tree = tree.select(keep)
+    if rows is not None:
+        start, stop = rows
+        record_batch = record_batch.slice(start, stop - start)
+        if tree is not None:
+            tree = tree.with_rows(record_batch.num_rows)
+    elif columns is not None and tree is not None:
+        tree = tree.with_rows(record_batch.num_rows)
+
+    leaf_names = [] if tree is None else tree.leaf_names()
     names = record_batch.schema.names
-    if names[:leaves] != _leaf_names(tree):
-        raise DecodeError(f"the tensor columns {names[:leaves]} are not the tree's leaves {_leaf_names(tree)}")
+    if len(leaf_names) > record_batch.num_columns:
+        raise DecodeError(f"the tree names {len(leaf_names)} tensor columns, the batch has {record_batch.num_columns}")
+    if names[: len(leaf_names)] != leaf_names:
+        raise DecodeError(f"the tensor columns {names[:len(leaf_names)]} are not the tree's leaves {leaf_names}")
     if len(set(names)) != len(names):
         raise DecodeError(f"duplicate column names {sorted({n for n in names if names.count(n) > 1})}")
     try:
@@ -326,82 +288,41 @@ def from_arrow(
         raise DecodeError(f"invalid Arrow data: {e}") from e
     for name, column in zip(names, record_batch.columns):
         _check_offsets(name, column)
-    placement = _Placement(device)
+    placement = Placement(device)
     fields = record_batch.schema
 
-    def field_meta(i: int) -> dict[str, str]:
-        return {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in (fields[i].metadata or {}).items()}
-
     tensors = []
-    for i in range(leaves):
-        name, meta = fields[i].name, field_meta(i)
-        tensor = decode_tensor(name, record_batch.column(i), meta)
-        target = placement(meta.get(DEVICE))
+    for i, name in enumerate(leaf_names):
+        spec = TensorSpec.parse(name, text_metadata(fields[i].metadata))
+        tensor = decode_tensor(name, record_batch.column(i), spec)
+        target = placement(spec.device)
         if target is not None and target.type != "cpu":
             tensor = tensor.to(target)
-        elif copy and tensor.is_nested and tensor.layout == torch.jagged:  # its clone() shares the offsets
-            tensor = torch.nested.nested_tensor_from_jagged(
-                tensor.values().clone(), tensor.offsets().clone(), jagged_dim=tensor._ragged_idx
-            )
+        elif copy and _jagged.is_jagged(tensor):  # its clone() shares the offsets
+            tensor = _jagged.clone(tensor)
         elif copy:
             tensor = tensor.clone()
         tensors.append(tensor)
 
     non_tensor = {}
-    for i in range(leaves, record_batch.num_columns):
+    for i in range(len(leaf_names), record_batch.num_columns):
         name = fields[i].name
-        values = objects.decode_column(name, record_batch.column(i), field_meta(i), allow_pickle=allow_pickle)
+        values = _objects.decode_column(
+            name, record_batch.column(i), text_metadata(fields[i].metadata), allow_pickle=allow_pickle
+        )
         non_tensor[name] = values.copy() if copy and values.dtype != object else values
-    meta_info = objects.decode_meta_info(metadata, allow_pickle=allow_pickle)
+    if not meta_info:
+        metadata = {k: v for k, v in metadata.items() if k not in (META_INFO, META_INFO_ENCODING)}
+    decoded_meta_info = _objects.decode_meta_info(metadata, allow_pickle=allow_pickle)
 
-    if batch_size is None:
-        batch = None
-    else:
-        if not (isinstance(batch_size, list) and batch_size and all(isinstance(n, int) and n >= 0 for n in batch_size)):
-            raise DecodeError(f"malformed batch_size {batch_size!r}")
-        if batch_size[0] != record_batch.num_rows:
-            raise DecodeError(f"batch_size {batch_size} disagrees with the {record_batch.num_rows} rows present")
-        if td_device is not None and not isinstance(td_device, str):
-            raise DecodeError(f"malformed device {td_device!r}")
-        batch = _unflatten(tree, batch_size, td_device, iter(tensors), placement)
+    batch = None if tree is None else _unflatten(tree, iter(tensors), placement)
     placement.warn()
-    return DataProto(batch=batch, non_tensor_batch=non_tensor, meta_info=meta_info)
+    return Parts(batch, non_tensor, decoded_meta_info)
 
 
-def _unflatten(tree: list, batch_size: list[int], device: str | None, tensors, placement: _Placement) -> TensorDict:
-    """Rebuild a TensorDict from its tree: a list whose entries are a leaf's key, or
-    ``[key, batch_size, device, subtree]`` for a nested TensorDict."""
-    content: dict[str, Any] = {}
-    for entry in tree:
-        if isinstance(entry, str):
-            content[entry] = next(tensors)
-        else:
-            key, sub_size, sub_device, subtree = entry
-            content[key] = _unflatten(subtree, sub_size, sub_device, tensors, placement)
-    try:
-        return TensorDict(content, batch_size=batch_size, device=placement(device))
-    except (RuntimeError, ValueError, TypeError, IndexError) as e:
-        raise DecodeError(f"tensors do not fit batch_size {batch_size}: {e}") from e
-
-
-def from_ipc(
-    buffer: Any,
-    *,
-    device: str | torch.device | None = None,
-    copy: bool = False,
-    allow_pickle: bool = False,
-):
-    """Decode an Arrow IPC stream written by :func:`to_ipc` (``pa.Buffer``, bytes-like, or memoryview).
-
-    Zero-copy for uncompressed streams: tensors view ``buffer`` itself, which
-    stays alive as long as they do. Do not write to them unless the buffer is
-    yours and writable (a ``bytes`` object is not), or pass ``copy=True``.
-    Compressed streams are decompressed into new memory. Other arguments and
-    errors as in :func:`from_arrow`; a stream holding several record batches is
-    concatenated (a copy).
-    """
-    from ._container import DataProto
-
+def read_stream(buffer: Any) -> list[pa.RecordBatch]:
+    """The record batches of an Arrow IPC stream (``pa.Buffer``, bytes-like, or memoryview),
+    zero-copy over ``buffer`` unless compressed; :class:`DecodeError` if there are none."""
     try:
         source = buffer if isinstance(buffer, pa.Buffer) else pa.py_buffer(buffer)
         reader = pa.ipc.open_stream(source)
@@ -410,6 +331,4 @@ def from_ipc(
         raise DecodeError(f"not a readable Arrow IPC stream: {e}") from e
     if not batches:
         raise DecodeError("the IPC stream holds no record batch")
-    parts = [from_arrow(b, device=device, copy=copy, allow_pickle=allow_pickle) for b in batches]
-    return parts[0] if len(parts) == 1 else DataProto.concat(parts)
-
+    return batches

@@ -53,20 +53,10 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 
-from arrow_dataproto.errors import (
-    DecodeError,
-    EncodeError,
-    PickleNotAllowedError,
-    column_error,
-)
+from ._format import ARRAY_KINDS, KIND, META_INFO, META_INFO_ENCODING, ArraySpec
+from .errors import DecodeError, EncodeError, PickleNotAllowedError, column_error
 
-KIND = "adp.kind"
-DTYPE = "adp.dtype"
-ROW_SHAPE = "adp.row_shape"
-META_INFO = "adp.meta_info"
-META_INFO_ENCODING = "adp.meta_info.encoding"
-
-NUMERIC, STRING, OBJECT, PICKLE = "numeric", "string", "object", "pickle"
+NUMERIC, STRING, OBJECT, PICKLE = ARRAY_KINDS
 
 _PICKLE_REFUSED = (
     "holds pickled values; pass allow_pickle=True only for data from a trusted source "
@@ -83,7 +73,7 @@ _STRING_VALUE_TYPES = {
 }
 
 
-def _same(a: Any, b: Any) -> bool:
+def same(a: Any, b: Any) -> bool:
     """Strict equality: equal values of identical types, recursing into lists, tuples and dicts.
 
     NaN equals NaN; dict keys are compared in order and strictly too.
@@ -92,35 +82,16 @@ def _same(a: Any, b: Any) -> bool:
     if t is not type(b):
         return False
     if t is list or t is tuple:
-        return len(a) == len(b) and all(map(_same, a, b))
+        return len(a) == len(b) and all(map(same, a, b))
     if t is dict:
-        keys_same = len(a) == len(b) and all(map(_same, a, b))
-        return keys_same and all(map(_same, a.values(), b.values()))
+        keys_same = len(a) == len(b) and all(map(same, a, b))
+        return keys_same and all(map(same, a.values(), b.values()))
     if t is float and a != a:
         return b != b
     return a == b
 
 
-# --- helpers shared by encode and decode ------------------------------------------------
-
-
-def _dtype_to_str(name: str, dtype: np.dtype) -> str:
-    """``dtype.str``, or the JSON descr of a structured dtype; EncodeError if not parseable."""
-    text = dtype.str if dtype.fields is None else json.dumps(np.lib.format.dtype_to_descr(dtype))
-    try:
-        if _dtype_from_str(text) == dtype:
-            return text
-    except (TypeError, ValueError):
-        pass
-    raise column_error(
-        EncodeError, name, f"dtype {dtype} cannot be recorded; convert the column to object dtype"
-    )
-
-
-def _dtype_from_str(text: str) -> np.dtype:
-    if text.startswith("["):
-        return np.lib.format.descr_to_dtype(json.loads(text))
-    return np.dtype(text)
+# --- helpers shared by the kinds --------------------------------------------------------
 
 
 def _storage_dtype(dtype: np.dtype) -> tuple[np.dtype, tuple[int, ...]]:
@@ -199,56 +170,132 @@ def _check_type(array: pa.Array, expected: pa.DataType) -> None:
     _check(array.type == expected, f"expected Arrow type {expected}, got {array.type}")
 
 
-# --- encoders: return None to fall back to pickle ---------------------------------------
+# --- the kinds: encode returns None to fall back to pickle; decode raises any exception
+# on malformed input (decode_column names the column) ------------------------------------
 
 
-def _encode_numeric(values: np.ndarray) -> pa.Array | None:
-    try:
-        arrow_type = _numeric_type(values.dtype, values.shape[1:])
-    except pa.ArrowNotImplementedError:  # longdouble / clongdouble
+class Numeric:
+    """``b i u f c M m``: a primitive or ``fixed_shape_tensor`` column, zero-copy both ways."""
+
+    kind = NUMERIC
+    dtype_kinds = "biufcMm"
+
+    @staticmethod
+    def encode(name: str, values: np.ndarray) -> pa.Array | None:
+        try:
+            arrow_type = _numeric_type(values.dtype, values.shape[1:])
+        except pa.ArrowNotImplementedError:  # longdouble / clongdouble
+            return None
+        native = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("="))
+        storage_dtype, extra = _storage_dtype(native.dtype)
+        store = (native[..., None] if extra else native).view(storage_dtype)
+        flat = pa.Array.from_buffers(
+            pa.from_numpy_dtype(storage_dtype), store.size, [None, pa.py_buffer(store)]
+        )
+        return _wrap(flat, arrow_type, len(values))
+
+    @staticmethod
+    def decode(array: pa.Array, dtype: np.dtype, row_shape: tuple[int, ...]) -> np.ndarray:
+        _check_type(array, _numeric_type(dtype, row_shape))
+        flat = _flat_values(array)
+        _check(array.null_count == 0 and flat.null_count == 0, "numeric columns cannot hold nulls")
+        extra = _storage_dtype(dtype)[1]
+        shaped = flat.to_numpy(zero_copy_only=True).reshape(len(array), *row_shape, *extra)
+        out = shaped.view(dtype.newbyteorder("="))
+        if extra:
+            out = out[..., 0]
+        return out if out.dtype == dtype else out.astype(dtype)
+
+
+class String:
+    """``U S``: a string / binary column (``fixed_shape_tensor`` of them for N-D)."""
+
+    kind = STRING
+    dtype_kinds = "US"
+
+    @staticmethod
+    def encode(name: str, values: np.ndarray) -> pa.Array | None:
+        # Via Python objects: pa.array(<numpy U/S array>) cuts values at the first NUL.
+        value_type = _STRING_VALUE_TYPES[values.dtype.kind][0]
+        flat = _to_arrow(values.reshape(-1).tolist(), value_type)
+        return _wrap(flat, _shaped(flat.type, values.shape[1:]), len(values))
+
+    @staticmethod
+    def decode(array: pa.Array, dtype: np.dtype, row_shape: tuple[int, ...]) -> np.ndarray:
+        value_type = (
+            array.type.value_type if isinstance(array.type, pa.FixedShapeTensorType) else array.type
+        )
+        _check(
+            value_type in _STRING_VALUE_TYPES[dtype.kind],
+            f"expected string or binary values for dtype {dtype}, got {value_type}",
+        )
+        _check_type(array, _shaped(value_type, row_shape))
+        flat = _flat_values(array)
+        _check(array.null_count == 0 and flat.null_count == 0, "string columns cannot hold nulls")
+        values = flat.to_numpy(zero_copy_only=False).astype(dtype)
+        return values.reshape(len(array), *row_shape)
+
+
+class Object:
+    """1-D ``O``: the column Arrow infers, kept only if it gives back the same values and types."""
+
+    kind = OBJECT
+    dtype_kinds = "O"
+
+    @staticmethod
+    def encode(name: str, values: np.ndarray) -> pa.Array | None:
+        if values.ndim != 1:
+            return None
+        rows = values.tolist()
+        try:
+            array = _to_arrow(rows)
+        except Exception:  # pa.array calls into arbitrary user objects; any failure -> pickle
+            return None
+        if _is_plain(array.type) and all(map(same, rows, array.to_pylist())):
+            return array
         return None
-    native = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("="))
-    storage_dtype, extra = _storage_dtype(native.dtype)
-    store = (native[..., None] if extra else native).view(storage_dtype)
-    flat = pa.Array.from_buffers(
-        pa.from_numpy_dtype(storage_dtype), store.size, [None, pa.py_buffer(store)]
-    )
-    return _wrap(flat, arrow_type, len(values))
+
+    @staticmethod
+    def decode(array: pa.Array, dtype: np.dtype, row_shape: tuple[int, ...]) -> np.ndarray:
+        _check(not row_shape, f"object columns are 1-D, got row shape {list(row_shape)}")
+        _check(_is_plain(array.type), f"unsupported Arrow type for an object column: {array.type}")
+        return np.fromiter(array.to_pylist(), dtype=object, count=len(array))
 
 
-def _encode_string(values: np.ndarray) -> pa.Array:
-    # Via Python objects: pa.array(<numpy U/S array>) cuts values at the first NUL.
-    value_type = _STRING_VALUE_TYPES[values.dtype.kind][0]
-    flat = _to_arrow(values.reshape(-1).tolist(), value_type)
-    return _wrap(flat, _shaped(flat.type, values.shape[1:]), len(values))
+class Pickle:
+    """Anything else: ``large_binary``, one protocol-5 pickle per row (decoding needs ``allow_pickle``)."""
+
+    kind = PICKLE
+    dtype_kinds = "biufcMmUSOV"
+
+    @staticmethod
+    def encode(name: str, values: np.ndarray) -> pa.Array:
+        try:
+            rows = [pickle.dumps(row, protocol=5) for row in values]
+        except Exception as exc:
+            raise column_error(EncodeError, name, f"a row cannot be pickled: {exc}") from exc
+        return pa.array(rows, type=pa.large_binary())
+
+    @staticmethod
+    def decode(array: pa.Array, dtype: np.dtype, row_shape: tuple[int, ...]) -> np.ndarray:
+        _check(
+            array.type in (pa.binary(), pa.large_binary()),
+            f"expected binary pickled rows, got {array.type}",
+        )
+        _check(array.null_count == 0, "pickled columns cannot hold nulls")
+        out = np.empty((len(array), *row_shape), dtype=dtype)
+        for i, blob in enumerate(array.to_pylist()):
+            row = pickle.loads(blob)
+            if row_shape:  # N-D rows must match exactly: numpy would broadcast (1,) into (3,)
+                _check(np.shape(row) == row_shape, f"row {i} has shape {np.shape(row)}")
+            out[i] = row
+        return out
 
 
-def _encode_object(values: np.ndarray) -> pa.Array | None:
-    if values.ndim != 1:
-        return None
-    rows = values.tolist()
-    try:
-        array = _to_arrow(rows)
-    except Exception:  # pa.array calls into arbitrary user objects; any failure -> pickle
-        return None
-    if _is_plain(array.type) and all(map(_same, rows, array.to_pylist())):
-        return array
-    return None
-
-
-def _encode_pickle(name: str, values: np.ndarray) -> pa.Array:
-    try:
-        rows = [pickle.dumps(row, protocol=5) for row in values]
-    except Exception as exc:
-        raise column_error(EncodeError, name, f"a row cannot be pickled: {exc}") from exc
-    return pa.array(rows, type=pa.large_binary())
-
-
-_ENCODERS: dict[str, tuple[str, Callable[[np.ndarray], pa.Array | None]]] = {
-    **dict.fromkeys("biufcMm", (NUMERIC, _encode_numeric)),
-    **dict.fromkeys("US", (STRING, _encode_string)),
-    "O": (OBJECT, _encode_object),
-}
+KINDS = {kind.kind: kind for kind in (Numeric, String, Object, Pickle)}
+"""``adp.kind`` -> the kind's class."""
+_BY_DTYPE_KIND = {dtype_kind: kind for kind in (Numeric, String, Object) for dtype_kind in kind.dtype_kinds}
+"""numpy ``dtype.kind`` -> the kind tried first when encoding (Pickle is the fallback)."""
 
 
 def encode_column(name: str, values: np.ndarray) -> tuple[pa.Array, dict[str, str]]:
@@ -271,72 +318,13 @@ def encode_column(name: str, values: np.ndarray) -> tuple[pa.Array, dict[str, st
         raise column_error(
             EncodeError, name, f"expected a numpy array with rows on dim 0, got {got}"
         )
-    dtype_text = _dtype_to_str(name, values.dtype)
-    kind, encoder = _ENCODERS.get(values.dtype.kind, (PICKLE, None))
-    array = encoder(values) if encoder else None
+    spec = ArraySpec(PICKLE, values.dtype, values.shape[1:])
+    metadata = spec.metadata(name)  # EncodeError for a dtype that cannot be recorded
+    kind = _BY_DTYPE_KIND.get(values.dtype.kind)
+    array = kind.encode(name, values) if kind else None
     if array is None:
-        kind, array = PICKLE, _encode_pickle(name, values)
-    return array, {KIND: kind, DTYPE: dtype_text, ROW_SHAPE: json.dumps(list(values.shape[1:]))}
-
-
-# --- decoders: raise any exception on malformed input; decode_column names the column ---
-
-
-def _decode_numeric(array: pa.Array, dtype: np.dtype, row_shape: tuple[int, ...]) -> np.ndarray:
-    _check_type(array, _numeric_type(dtype, row_shape))
-    flat = _flat_values(array)
-    _check(array.null_count == 0 and flat.null_count == 0, "numeric columns cannot hold nulls")
-    extra = _storage_dtype(dtype)[1]
-    shaped = flat.to_numpy(zero_copy_only=True).reshape(len(array), *row_shape, *extra)
-    out = shaped.view(dtype.newbyteorder("="))
-    if extra:
-        out = out[..., 0]
-    return out if out.dtype == dtype else out.astype(dtype)
-
-
-def _decode_string(array: pa.Array, dtype: np.dtype, row_shape: tuple[int, ...]) -> np.ndarray:
-    value_type = (
-        array.type.value_type if isinstance(array.type, pa.FixedShapeTensorType) else array.type
-    )
-    _check(
-        value_type in _STRING_VALUE_TYPES[dtype.kind],
-        f"expected string or binary values for dtype {dtype}, got {value_type}",
-    )
-    _check_type(array, _shaped(value_type, row_shape))
-    flat = _flat_values(array)
-    _check(array.null_count == 0 and flat.null_count == 0, "string columns cannot hold nulls")
-    values = flat.to_numpy(zero_copy_only=False).astype(dtype)
-    return values.reshape(len(array), *row_shape)
-
-
-def _decode_object(array: pa.Array, dtype: np.dtype, row_shape: tuple[int, ...]) -> np.ndarray:
-    _check(not row_shape, f"object columns are 1-D, got row shape {list(row_shape)}")
-    _check(_is_plain(array.type), f"unsupported Arrow type for an object column: {array.type}")
-    return np.fromiter(array.to_pylist(), dtype=object, count=len(array))
-
-
-def _decode_pickle(array: pa.Array, dtype: np.dtype, row_shape: tuple[int, ...]) -> np.ndarray:
-    _check(
-        array.type in (pa.binary(), pa.large_binary()),
-        f"expected binary pickled rows, got {array.type}",
-    )
-    _check(array.null_count == 0, "pickled columns cannot hold nulls")
-    out = np.empty((len(array), *row_shape), dtype=dtype)
-    for i, blob in enumerate(array.to_pylist()):
-        row = pickle.loads(blob)
-        if row_shape:  # N-D rows must match exactly: numpy would broadcast (1,) into (3,)
-            _check(np.shape(row) == row_shape, f"row {i} has shape {np.shape(row)}")
-        out[i] = row
-    return out
-
-
-# kind -> (decoder, numpy dtype kinds it accepts)
-_DECODERS: dict[str, tuple[Callable[..., np.ndarray], str]] = {
-    NUMERIC: (_decode_numeric, "biufcMm"),
-    STRING: (_decode_string, "US"),
-    OBJECT: (_decode_object, "O"),
-    PICKLE: (_decode_pickle, "biufcMmUSOV"),
-}
+        kind, array = Pickle, Pickle.encode(name, values)
+    return array, {**metadata, KIND: kind.kind}
 
 
 def decode_column(
@@ -354,25 +342,20 @@ def decode_column(
         DecodeError: the metadata is missing or inconsistent, or the array does not match
             it (type, nulls, lengths, corrupt pickles).
     """
-    kind = metadata.get(KIND)
-    if kind not in _DECODERS:
-        raise column_error(DecodeError, name, f"missing or unknown {KIND}: {kind!r}")
-    if kind == PICKLE and not allow_pickle:
+    kind_name = metadata.get(KIND)
+    kind = KINDS.get(kind_name)  # type: ignore[arg-type]
+    if kind is None:
+        raise column_error(DecodeError, name, f"missing or unknown {KIND}: {kind_name!r}")
+    if kind is Pickle and not allow_pickle:
         raise column_error(PickleNotAllowedError, name, _PICKLE_REFUSED)
-    decoder, dtype_kinds = _DECODERS[kind]
     try:
         _check(isinstance(array, pa.Array), f"expected a pyarrow Array, got {type(array).__name__}")
         array.validate()  # buffer sizes match the lengths; cheap, no per-value scan
-        dtype = _dtype_from_str(metadata[DTYPE])
-        row_shape = json.loads(metadata[ROW_SHAPE])
-        _check(dtype.kind in dtype_kinds, f"dtype {dtype} cannot be stored as kind {kind!r}")
-        _check(
-            isinstance(row_shape, list) and all(type(d) is int and d >= 0 for d in row_shape),
-            f"bad row shape {row_shape!r}",
-        )
-        return decoder(array, dtype, tuple(row_shape))
+        spec = ArraySpec.parse(metadata)
+        _check(spec.dtype.kind in kind.dtype_kinds, f"dtype {spec.dtype} cannot be stored as kind {kind_name!r}")
+        return kind.decode(array, spec.dtype, spec.row_shape)
     except Exception as exc:  # pyarrow, numpy, json and unpickling errors of any type
-        raise column_error(DecodeError, name, f"malformed {kind!r} column: {exc!r}") from exc
+        raise column_error(DecodeError, name, f"malformed {kind_name!r} column: {exc!r}") from exc
 
 
 # --- meta_info ----------------------------------------------------------------------------
@@ -391,7 +374,7 @@ def encode_meta_info(meta_info: dict) -> dict[str, str]:
         raise EncodeError(f"meta_info must be a dict, got {type(meta_info).__name__}")
     try:
         text = json.dumps(meta_info, allow_nan=False)
-        if _same(meta_info, json.loads(text)):
+        if same(meta_info, json.loads(text)):
             return {META_INFO_ENCODING: "json", META_INFO: text}
     except (TypeError, ValueError, RecursionError):  # not JSON-serialisable
         pass

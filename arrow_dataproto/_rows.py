@@ -12,26 +12,13 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict, is_tensor_collection
 
-
-def _is_jagged(t: torch.Tensor) -> bool:
-    return t.is_nested and t.layout == torch.jagged
-
-
-def _jagged_parts(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Values (ragged dimension first) and offsets of a jagged tensor without holes."""
-    if t.lengths() is not None:
-        t = t.contiguous()
-    return t.values().movedim(t._ragged_idx - 1, 0), t.offsets()
-
-
-def _jagged(values: torch.Tensor, offsets: torch.Tensor, ragged_idx: int) -> torch.Tensor:
-    return torch.nested.nested_tensor_from_jagged(values.movedim(0, ragged_idx - 1), offsets, jagged_dim=ragged_idx)
+from . import _jagged
 
 
 def take(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Rows ``index`` (a 1-D int64 tensor) of ``t``, as a new tensor."""
-    if _is_jagged(t):
-        values, offsets = _jagged_parts(t)
+    if _jagged.is_jagged(t):
+        values, offsets = _jagged.parts(t)
         index = index.to(offsets.device)
         starts, lengths = offsets[:-1][index], (offsets[1:] - offsets[:-1])[index]
         new_offsets = torch.zeros(len(index) + 1, dtype=offsets.dtype, device=offsets.device)
@@ -39,7 +26,7 @@ def take(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         gather = torch.repeat_interleave(starts - new_offsets[:-1], lengths) + torch.arange(
             int(new_offsets[-1]), device=offsets.device
         )
-        return _jagged(values[gather.to(values.device)], new_offsets, t._ragged_idx)
+        return _jagged.build(values[gather.to(values.device)], new_offsets, _jagged.ragged_idx(t))
     if t.is_nested:
         rows = t.unbind()
         return torch.nested.nested_tensor([rows[i] for i in index.tolist()], dtype=t.dtype, device=t.device)
@@ -48,10 +35,10 @@ def take(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 def slice_rows(t: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     """Rows ``start:stop`` of ``t`` as a view (dense and jagged) or a copy (strided nested)."""
-    if _is_jagged(t):
-        values, offsets = _jagged_parts(t)
+    if _jagged.is_jagged(t):
+        values, offsets = _jagged.parts(t)
         first, last = int(offsets[start]), int(offsets[stop])
-        return _jagged(values[first:last], offsets[start : stop + 1] - first, t._ragged_idx)
+        return _jagged.build(values[first:last], offsets[start : stop + 1] - first, _jagged.ragged_idx(t))
     if t.is_nested:
         return take(t, torch.arange(start, stop))
     return t[start:stop]
@@ -59,9 +46,9 @@ def slice_rows(t: torch.Tensor, start: int, stop: int) -> torch.Tensor:
 
 def row(t: torch.Tensor, i: int) -> torch.Tensor:
     """Row ``i`` of ``t`` as a dense tensor."""
-    if _is_jagged(t):
-        values, offsets = _jagged_parts(t)
-        return values[int(offsets[i]) : int(offsets[i + 1])].movedim(0, t._ragged_idx - 1)
+    if _jagged.is_jagged(t):
+        values, offsets = _jagged.parts(t)
+        return values[int(offsets[i]) : int(offsets[i + 1])].movedim(0, _jagged.ragged_idx(t) - 1)
     if t.is_nested:
         return t.unbind()[i]
     return t[i]
@@ -70,11 +57,11 @@ def row(t: torch.Tensor, i: int) -> torch.Tensor:
 def cat(tensors: list[torch.Tensor]) -> torch.Tensor:
     """Concatenate along the batch dimension (one copy)."""
     first = tensors[0]
-    if _is_jagged(first):
-        parts = [_jagged_parts(t) for t in tensors]
+    if _jagged.is_jagged(first):
+        parts = [_jagged.parts(t) for t in tensors]
         shifts = torch.tensor([0] + [int(o[-1]) for _, o in parts[:-1]], device=first.offsets().device).cumsum(0)
         offsets = torch.cat([parts[0][1][:1]] + [o[1:] + s for (_, o), s in zip(parts, shifts)])
-        return _jagged(torch.cat([v for v, _ in parts]), offsets - offsets[0], first._ragged_idx)
+        return _jagged.build(torch.cat([v for v, _ in parts]), offsets - offsets[0], _jagged.ragged_idx(first))
     if first.is_nested:
         return torch.nested.nested_tensor([r for t in tensors for r in t.unbind()], dtype=first.dtype, device=first.device)
     return torch.cat(tensors)

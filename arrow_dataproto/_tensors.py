@@ -1,17 +1,21 @@
-"""One torch tensor <-> one Arrow column, without copying the bytes.
+"""One torch tensor <-> one Arrow column, without copying the bytes: the tensor column kinds.
 
-Three column kinds, each recorded as ``adp.kind`` in the field's metadata:
+Each kind is one class below with its encoder and decoder side by side; the
+:data:`KINDS` table picks the kind of a tensor (encoding) or of a column's
+:class:`~arrow_dataproto._format.TensorSpec` (decoding). ``docs/format.md``
+has the Arrow layout of each:
 
-``tensor``
-    A dense tensor ``[B, d1..dn]``. ``n == 0``: a primitive column of ``B``
-    values; otherwise an ``arrow.fixed_shape_tensor`` of shape ``[d1..dn]``.
-``jagged``
-    A ``torch.nested`` tensor with ``layout=torch.jagged`` and ragged dimension
-    ``ragged_idx``: a ``large_list`` column whose int64 offsets are the nested
-    tensor's own offsets and whose child holds its values, ragged dimension
-    first, the other dimensions flattened into a ``fixed_size_list`` element.
-``strided``
-    A ``torch.nested`` tensor with the strided layout (rows of any shape): a
+:class:`Primitive` (``adp.kind`` ``tensor``, shape ``[B]``)
+    a primitive column of ``B`` values.
+:class:`FixedShape` (``tensor``, shape ``[B, d1..dn]``, and complex ``[B]``)
+    an ``arrow.fixed_shape_tensor`` of shape ``[d1..dn]`` (``+ [2]`` for complex).
+:class:`Jagged` (``jagged``)
+    a ``torch.nested`` tensor with ``layout=torch.jagged``: a ``large_list``
+    whose int64 offsets are the nested tensor's own and whose child holds its
+    values, ragged dimension first, other dimensions flattened into a
+    ``fixed_size_list`` element.
+:class:`Strided` (``strided``)
+    a ``torch.nested`` tensor with the strided layout (rows of any shape): a
     ``struct<data: large_list<T>, shape: fixed_size_list<int64>[ndim]>``.
 
 Encoding copies nothing for a contiguous CPU tensor: the Arrow buffer is a view
@@ -29,25 +33,18 @@ to 8 bytes, complex128 needs 16).
 
 from __future__ import annotations
 
-import json
 import math
+from typing import ClassVar
 
 import pyarrow as pa
 import torch
 
-from ._dtypes import STORAGE, Storage, dtype_from_name, dtype_name, storage_of
+from . import _jagged
+from ._dtypes import STORAGE, Storage, storage_of
+from ._format import TensorSpec
 from .errors import DecodeError, EncodeError, column_error
 
-KIND = "adp.kind"
-DTYPE = "adp.dtype"
-SHAPE = "adp.shape"
-RAGGED_IDX = "adp.ragged_idx"
-DEVICE = "adp.device"
-
-TENSOR_KINDS = ("tensor", "jagged", "strided")
-
-
-# ---------------------------------------------------------------- encode
+# ---------------------------------------------------------------- shared by the kinds
 
 
 def _buffer(t: torch.Tensor) -> pa.Buffer:
@@ -77,94 +74,31 @@ def _flat_values(t: torch.Tensor, storage: Storage, element_shape: tuple[int, ..
     return pa.Array.from_buffers(pa.list_(values.type, width), t.shape[0], [None], children=[values])
 
 
+def _elements(name: str, child: pa.Array, storage: Storage, dtype: torch.dtype, element_shape: list[int]) -> torch.Tensor:
+    """Inverse of :func:`_flat_values`: view a flat child array (scalars or fixed_size_list
+    elements) as ``[n, *element_shape]`` of ``dtype``."""
+    width = math.prod(element_shape) * storage.pair
+    if element_shape == [] and storage.pair == 1:
+        flat = child
+    else:
+        if not pa.types.is_fixed_size_list(child.type) or child.type.list_size != width:
+            raise _fail(name, f"elements of type {child.type}, expected fixed_size_list of {width}")
+        _no_nulls(name, child)
+        flat = child.flatten()
+    values = _primitive_tensor(name, flat, storage)
+    if values.data_ptr() % dtype.itemsize:  # torch crashes on misaligned complex128 (IPC aligns to 8 bytes only)
+        values = values.view(torch.uint8).clone().view(values.dtype)
+    if storage.torch_view != dtype:
+        values = values.view(dtype)
+    return values.view(len(child), *element_shape)
+
+
 def _prepare(t: torch.Tensor) -> torch.Tensor:
     """Detached, on the CPU, with lazy conj/neg bits resolved (copies only if needed)."""
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
     return t.resolve_conj().resolve_neg()
-
-
-def encode_tensor(name: str, t: torch.Tensor) -> tuple[pa.Array, dict[str, str]]:
-    """Encode one TensorDict leaf as an Arrow column and its field metadata.
-
-    Raises :class:`EncodeError` for an unsupported dtype, layout or device.
-    """
-    if not isinstance(t, torch.Tensor):
-        raise column_error(EncodeError, name, f"expected a torch.Tensor, got {type(t).__name__}")
-    if t.device.type == "meta":
-        raise column_error(EncodeError, name, "tensors on the meta device hold no data")
-    storage = storage_of(t.dtype, name)
-    meta = {DTYPE: dtype_name(t.dtype), DEVICE: str(t.device)}
-    if t.is_nested and t.layout == torch.jagged:
-        array, extra = _encode_jagged(t, storage)
-    elif t.is_nested:
-        array, extra = _encode_strided(name, t, storage)
-    elif t.layout != torch.strided:
-        raise column_error(EncodeError, name, f"layout {t.layout} is not supported (use dense or nested)")
-    elif t.dim() == 0:
-        raise column_error(EncodeError, name, "a 0-d tensor has no batch dimension")
-    else:
-        array, extra = _encode_dense(t, storage)
-    meta.update(extra)
-    return array, meta
-
-
-def _encode_dense(t: torch.Tensor, storage: Storage) -> tuple[pa.Array, dict[str, str]]:
-    t = _prepare(t).contiguous()
-    row_shape = list(t.shape[1:])
-    meta = {KIND: "tensor", SHAPE: json.dumps(row_shape)}
-    if not row_shape and storage.pair == 1:
-        return _flat_values(t, storage, ()), meta
-    tensor_type = pa.fixed_shape_tensor(storage.arrow_type, row_shape + [2] * (storage.pair == 2))
-    return pa.ExtensionArray.from_storage(tensor_type, _flat_values(t, storage, tuple(row_shape))), meta
-
-
-def _encode_jagged(t: torch.Tensor, storage: Storage) -> tuple[pa.Array, dict[str, str]]:
-    if t.lengths() is not None:  # holes between rows: compact them (a copy)
-        t = t.contiguous()
-    ragged_idx = t._ragged_idx
-    values = _prepare(t.values()).movedim(ragged_idx - 1, 0)
-    offsets = _prepare(t.offsets()).to(torch.int64)
-    start, end = int(offsets[0]), int(offsets[-1])
-    if start != 0 or end != values.shape[0]:  # export only this tensor's rows
-        values = values[start:end]
-        offsets = offsets - start
-    values = values.contiguous()
-    offsets = offsets.contiguous()
-    element_shape = tuple(values.shape[1:])
-    child = _flat_values(values, storage, element_shape)
-    array = pa.Array.from_buffers(
-        pa.large_list(child.type), offsets.numel() - 1, [None, _buffer(offsets)], children=[child]
-    )
-    row_shape = [None if i == ragged_idx - 1 else n for i, n in enumerate(t.shape[1:])]
-    meta = {KIND: "jagged", SHAPE: json.dumps(row_shape), RAGGED_IDX: str(ragged_idx)}
-    return array, meta
-
-
-def _encode_strided(name: str, t: torch.Tensor, storage: Storage) -> tuple[pa.Array, dict[str, str]]:
-    t = _prepare(t)
-    if not t.is_contiguous():
-        t = t.contiguous()
-    sizes = t._nested_tensor_size().contiguous()
-    if t.size(0) == 0:  # torch keeps no row shape without rows: record 1-D rows
-        sizes = torch.zeros(0, 1, dtype=torch.int64)
-    if sizes.dim() != 2 or sizes.shape[1] == 0:
-        raise column_error(EncodeError, name, "a strided nested tensor needs rows of at least one dimension")
-    counts = sizes.prod(dim=1)
-    offsets = torch.zeros(len(counts) + 1, dtype=torch.int64)
-    torch.cumsum(counts, 0, out=offsets[1:])
-    values = _flat_values(t.values()[: int(offsets[-1])].contiguous(), storage, ())
-    ndim = sizes.shape[1]
-    data = pa.Array.from_buffers(pa.large_list(values.type), len(counts), [None, _buffer(offsets)], children=[values])
-    shape = pa.FixedSizeListArray.from_arrays(
-        pa.Array.from_buffers(pa.int64(), sizes.numel(), [None, _buffer(sizes)]), ndim
-    )
-    array = pa.StructArray.from_arrays([data, shape], names=["data", "shape"])
-    return array, {KIND: "strided", SHAPE: json.dumps([None] * ndim)}
-
-
-# ---------------------------------------------------------------- decode
 
 
 def _fail(name: str, message: str) -> DecodeError:
@@ -189,65 +123,6 @@ def _primitive_tensor(name: str, array: pa.Array, storage: Storage) -> torch.Ten
     return torch.from_dlpack(array)
 
 
-def _elements(name: str, child: pa.Array, storage: Storage, dtype: torch.dtype, element_shape: list[int]) -> torch.Tensor:
-    """View a flat child array (scalars or fixed_size_list elements) as ``[n, *element_shape]`` of ``dtype``."""
-    width = math.prod(element_shape) * storage.pair
-    if element_shape == [] and storage.pair == 1:
-        flat = child
-    else:
-        if not pa.types.is_fixed_size_list(child.type) or child.type.list_size != width:
-            raise _fail(name, f"elements of type {child.type}, expected fixed_size_list of {width}")
-        _no_nulls(name, child)
-        flat = child.flatten()
-    values = _primitive_tensor(name, flat, storage)
-    if values.data_ptr() % dtype.itemsize:  # torch crashes on misaligned complex128 (IPC aligns to 8 bytes only)
-        values = values.view(torch.uint8).clone().view(values.dtype)
-    if storage.torch_view != dtype:
-        values = values.view(dtype)
-    return values.view(len(child), *element_shape)
-
-
-def decode_tensor(name: str, array: pa.Array, meta: dict[str, str]) -> torch.Tensor:
-    """Rebuild the tensor of one column on the CPU, viewing the Arrow buffers.
-
-    Raises :class:`DecodeError` (naming the column) when the metadata and the
-    array disagree, the column has nulls, or an offset/shape points outside the
-    buffers present.
-    """
-    try:
-        kind = meta[KIND]
-        dtype = dtype_from_name(meta[DTYPE], name)
-        shape = json.loads(meta[SHAPE])
-    except KeyError as e:
-        raise _fail(name, f"missing metadata key {e.args[0]!r}") from None
-    except (ValueError, RecursionError) as e:  # RecursionError: nested too deep
-        raise _fail(name, f"malformed shape metadata: {e!r}") from None
-    if not isinstance(shape, list) or not all(n is None or (isinstance(n, int) and 0 <= n < 2**63) for n in shape):
-        raise _fail(name, f"malformed shape metadata {meta[SHAPE]!r}")
-    storage = STORAGE[dtype]
-    _no_nulls(name, array)
-    if kind == "tensor":
-        return _decode_dense(name, array, storage, dtype, shape)
-    if kind == "jagged":
-        return _decode_jagged(name, array, storage, dtype, shape, meta.get(RAGGED_IDX, ""))
-    if kind == "strided":
-        return _decode_strided(name, array, storage, dtype, shape)
-    raise _fail(name, f"unknown column kind {kind!r}")
-
-
-def _decode_dense(name, array, storage, dtype, shape) -> torch.Tensor:
-    if None in shape:
-        raise _fail(name, f"dense column with a ragged shape {shape}")
-    if shape == [] and storage.pair == 1:
-        return _elements(name, array, storage, dtype, [])
-    arrow_shape = shape + ([2] if storage.pair == 2 else [])
-    if not isinstance(array.type, pa.FixedShapeTensorType) or list(array.type.shape) != arrow_shape:
-        raise _fail(name, f"type {array.type}, expected fixed_shape_tensor of shape {arrow_shape}")
-    if array.type.value_type != storage.arrow_type:
-        raise _fail(name, f"value type {array.type.value_type}, expected {storage.arrow_type}")
-    return _elements(name, array.storage, storage, dtype, shape)
-
-
 def _list_parts(name: str, array: pa.Array) -> tuple[torch.Tensor, pa.Array]:
     """Offsets rebased to 0 and the child slice they cover, for a (possibly sliced) large_list."""
     if not pa.types.is_large_list(array.type):
@@ -264,39 +139,205 @@ def _list_parts(name: str, array: pa.Array) -> tuple[torch.Tensor, pa.Array]:
     return offsets, child.slice(start, end - start)
 
 
-def _decode_jagged(name, array, storage, dtype, shape, ragged_idx) -> torch.Tensor:
-    if not ragged_idx.isdigit() or not 1 <= int(ragged_idx) <= len(shape) or shape[int(ragged_idx) - 1] is not None:
-        raise _fail(name, f"ragged_idx {ragged_idx!r} does not fit shape {shape}")
-    ragged_idx = int(ragged_idx)
-    if shape.count(None) != 1:
-        raise _fail(name, f"jagged shape {shape} must have exactly one ragged dimension")
-    offsets, child = _list_parts(name, array)
-    element_shape = [n for n in shape if n is not None]
-    values = _elements(name, child, storage, dtype, element_shape).movedim(0, ragged_idx - 1)
-    return torch.nested.nested_tensor_from_jagged(values, offsets, jagged_dim=ragged_idx)
+def _device(t: torch.Tensor) -> str:
+    return str(t.device)
 
 
-def _decode_strided(name, array, storage, dtype, shape) -> torch.Tensor:
-    if not pa.types.is_struct(array.type) or [f.name for f in array.type] != ["data", "shape"]:
-        raise _fail(name, f"type {array.type}, expected struct<data, shape>")
-    ndim = len(shape)
-    if ndim == 0 or any(n is not None for n in shape):
-        raise _fail(name, f"malformed strided shape {shape}")
-    data, sizes_array = array.field("data"), array.field("shape")
-    if sizes_array.type != pa.list_(pa.int64(), ndim):
-        raise _fail(name, f"shape field of type {sizes_array.type}, expected fixed_size_list<int64>[{ndim}]")
-    if len(array) == 0:  # torch cannot view an empty buffer as rows (it crashes)
-        return torch.nested.nested_tensor([], dtype=dtype)
-    _no_nulls(name, sizes_array)
-    sizes = torch.from_dlpack(sizes_array.flatten()).view(len(array), ndim)
-    offsets, child = _list_parts(name, data)
-    # Bound the products first: an int64 product that wraps around could match a row length.
-    if bool((sizes < 0).any()) or bool((sizes.clamp(min=1).double().prod(dim=1) > 2.0**62).any()):
-        raise _fail(name, "row shapes out of range")
-    if not torch.equal(offsets[1:] - offsets[:-1], sizes.prod(dim=1)):
-        raise _fail(name, "row shapes do not match the row lengths")
-    values = _elements(name, child, storage, dtype, [])
-    strides = torch.ones_like(sizes)
-    if ndim > 1:
-        strides[:, :-1] = sizes.flip(1)[:, :-1].cumprod(1).flip(1)
-    return torch._nested_view_from_buffer(values, sizes, strides, offsets[:-1].contiguous())
+# ---------------------------------------------------------------- the kinds
+
+
+class Primitive:
+    """A dense ``[B]`` tensor of a real dtype: a primitive column."""
+
+    kind: ClassVar[str] = "tensor"
+
+    @staticmethod
+    def takes(t: torch.Tensor, storage: Storage) -> bool:
+        return t.dim() == 1 and storage.pair == 1
+
+    @staticmethod
+    def reads(spec: TensorSpec, storage: Storage) -> bool:
+        return spec.kind == "tensor" and spec.shape == () and storage.pair == 1
+
+    @staticmethod
+    def encode(name: str, t: torch.Tensor, storage: Storage) -> tuple[pa.Array, TensorSpec]:
+        spec = TensorSpec("tensor", t.dtype, (), _device(t))
+        return _flat_values(_prepare(t).contiguous(), storage, ()), spec
+
+    @staticmethod
+    def decode(name: str, array: pa.Array, spec: TensorSpec, storage: Storage) -> torch.Tensor:
+        return _elements(name, array, storage, spec.dtype, [])
+
+
+class FixedShape:
+    """A dense ``[B, d1..dn]`` tensor (or a complex ``[B]`` one): an ``arrow.fixed_shape_tensor``."""
+
+    kind: ClassVar[str] = "tensor"
+
+    @staticmethod
+    def takes(t: torch.Tensor, storage: Storage) -> bool:
+        return True  # any other dense tensor with a batch dimension
+
+    @staticmethod
+    def reads(spec: TensorSpec, storage: Storage) -> bool:
+        return spec.kind == "tensor"
+
+    @staticmethod
+    def encode(name: str, t: torch.Tensor, storage: Storage) -> tuple[pa.Array, TensorSpec]:
+        device = _device(t)
+        t = _prepare(t).contiguous()
+        row_shape = list(t.shape[1:])
+        tensor_type = pa.fixed_shape_tensor(storage.arrow_type, row_shape + [2] * (storage.pair == 2))
+        array = pa.ExtensionArray.from_storage(tensor_type, _flat_values(t, storage, tuple(row_shape)))
+        return array, TensorSpec("tensor", t.dtype, tuple(row_shape), device)
+
+    @staticmethod
+    def decode(name: str, array: pa.Array, spec: TensorSpec, storage: Storage) -> torch.Tensor:
+        shape = list(spec.shape)
+        arrow_shape = shape + ([2] if storage.pair == 2 else [])
+        if not isinstance(array.type, pa.FixedShapeTensorType) or list(array.type.shape) != arrow_shape:
+            raise _fail(name, f"type {array.type}, expected fixed_shape_tensor of shape {arrow_shape}")
+        if array.type.value_type != storage.arrow_type:
+            raise _fail(name, f"value type {array.type.value_type}, expected {storage.arrow_type}")
+        return _elements(name, array.storage, storage, spec.dtype, shape)
+
+
+class Jagged:
+    """A jagged ``torch.nested`` tensor: a ``large_list`` over its values, ragged dimension first."""
+
+    kind: ClassVar[str] = "jagged"
+
+    @staticmethod
+    def takes(t: torch.Tensor, storage: Storage) -> bool:
+        return _jagged.is_jagged(t)
+
+    @staticmethod
+    def reads(spec: TensorSpec, storage: Storage) -> bool:
+        return spec.kind == "jagged"
+
+    @staticmethod
+    def encode(name: str, t: torch.Tensor, storage: Storage) -> tuple[pa.Array, TensorSpec]:
+        device = _device(t)
+        values, offsets = _jagged.parts(t)
+        values, offsets = _prepare(values), _prepare(offsets).to(torch.int64)
+        start, end = int(offsets[0]), int(offsets[-1])
+        if start != 0 or end != values.shape[0]:  # export only this tensor's rows
+            values = values[start:end]
+            offsets = offsets - start
+        values = values.contiguous()
+        offsets = offsets.contiguous()
+        child = _flat_values(values, storage, tuple(values.shape[1:]))
+        array = pa.Array.from_buffers(
+            pa.large_list(child.type), offsets.numel() - 1, [None, _buffer(offsets)], children=[child]
+        )
+        ragged_idx = _jagged.ragged_idx(t)
+        row_shape = tuple(None if i == ragged_idx - 1 else n for i, n in enumerate(t.shape[1:]))
+        return array, TensorSpec("jagged", t.dtype, row_shape, device, ragged_idx)
+
+    @staticmethod
+    def decode(name: str, array: pa.Array, spec: TensorSpec, storage: Storage) -> torch.Tensor:
+        assert spec.ragged_idx is not None  # TensorSpec.parse checked it
+        offsets, child = _list_parts(name, array)
+        element_shape = [n for n in spec.shape if n is not None]
+        values = _elements(name, child, storage, spec.dtype, element_shape)
+        return _jagged.build(values, offsets, spec.ragged_idx)
+
+
+class Strided:
+    """A strided ``torch.nested`` tensor (rows of any shape): ``struct<data, shape>``."""
+
+    kind: ClassVar[str] = "strided"
+
+    @staticmethod
+    def takes(t: torch.Tensor, storage: Storage) -> bool:
+        return t.is_nested
+
+    @staticmethod
+    def reads(spec: TensorSpec, storage: Storage) -> bool:
+        return spec.kind == "strided"
+
+    @staticmethod
+    def encode(name: str, t: torch.Tensor, storage: Storage) -> tuple[pa.Array, TensorSpec]:
+        device = _device(t)
+        t = _prepare(t)
+        if not t.is_contiguous():
+            t = t.contiguous()
+        sizes = t._nested_tensor_size().contiguous()
+        if t.size(0) == 0:  # torch keeps no row shape without rows: record 1-D rows
+            sizes = torch.zeros(0, 1, dtype=torch.int64)
+        if sizes.dim() != 2 or sizes.shape[1] == 0:
+            raise column_error(EncodeError, name, "a strided nested tensor needs rows of at least one dimension")
+        counts = sizes.prod(dim=1)
+        offsets = torch.zeros(len(counts) + 1, dtype=torch.int64)
+        torch.cumsum(counts, 0, out=offsets[1:])
+        values = _flat_values(t.values()[: int(offsets[-1])].contiguous(), storage, ())
+        ndim = sizes.shape[1]
+        data = pa.Array.from_buffers(pa.large_list(values.type), len(counts), [None, _buffer(offsets)], children=[values])
+        shape = pa.FixedSizeListArray.from_arrays(
+            pa.Array.from_buffers(pa.int64(), sizes.numel(), [None, _buffer(sizes)]), ndim
+        )
+        array = pa.StructArray.from_arrays([data, shape], names=["data", "shape"])
+        return array, TensorSpec("strided", t.dtype, (None,) * ndim, device)
+
+    @staticmethod
+    def decode(name: str, array: pa.Array, spec: TensorSpec, storage: Storage) -> torch.Tensor:
+        if not pa.types.is_struct(array.type) or [f.name for f in array.type] != ["data", "shape"]:
+            raise _fail(name, f"type {array.type}, expected struct<data, shape>")
+        ndim = len(spec.shape)
+        data, sizes_array = array.field("data"), array.field("shape")
+        if sizes_array.type != pa.list_(pa.int64(), ndim):
+            raise _fail(name, f"shape field of type {sizes_array.type}, expected fixed_size_list<int64>[{ndim}]")
+        if len(array) == 0:  # torch cannot view an empty buffer as rows (it crashes)
+            return torch.nested.nested_tensor([], dtype=spec.dtype)
+        _no_nulls(name, sizes_array)
+        sizes = torch.from_dlpack(sizes_array.flatten()).view(len(array), ndim)
+        offsets, child = _list_parts(name, data)
+        # Bound the products first: an int64 product that wraps around could match a row length.
+        if bool((sizes < 0).any()) or bool((sizes.clamp(min=1).double().prod(dim=1) > 2.0**62).any()):
+            raise _fail(name, "row shapes out of range")
+        if not torch.equal(offsets[1:] - offsets[:-1], sizes.prod(dim=1)):
+            raise _fail(name, "row shapes do not match the row lengths")
+        values = _elements(name, child, storage, spec.dtype, [])
+        strides = torch.ones_like(sizes)
+        if ndim > 1:
+            strides[:, :-1] = sizes.flip(1)[:, :-1].cumprod(1).flip(1)
+        return torch._nested_view_from_buffer(values, sizes, strides, offsets[:-1].contiguous())
+
+
+KINDS = (Jagged, Strided, Primitive, FixedShape)
+"""The tensor column kinds, most specific first: the first that takes a tensor (or reads a spec) wins."""
+
+
+# ---------------------------------------------------------------- entry points
+
+
+def encode_tensor(name: str, t: torch.Tensor) -> tuple[pa.Array, TensorSpec]:
+    """Encode one TensorDict leaf as an Arrow column and its spec (the field metadata).
+
+    Raises :class:`EncodeError` for an unsupported dtype, layout or device.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise column_error(EncodeError, name, f"expected a torch.Tensor, got {type(t).__name__}")
+    if t.device.type == "meta":
+        raise column_error(EncodeError, name, "tensors on the meta device hold no data")
+    storage = storage_of(t.dtype, name)
+    if not t.is_nested:
+        if t.layout != torch.strided:
+            raise column_error(EncodeError, name, f"layout {t.layout} is not supported (use dense or nested)")
+        if t.dim() == 0:
+            raise column_error(EncodeError, name, "a 0-d tensor has no batch dimension")
+    kind = next(k for k in KINDS if k.takes(t, storage))
+    return kind.encode(name, t, storage)
+
+
+def decode_tensor(name: str, array: pa.Array, spec: TensorSpec) -> torch.Tensor:
+    """Rebuild the tensor of one column on the CPU, viewing the Arrow buffers.
+
+    Raises :class:`DecodeError` (naming the column) when the spec and the array
+    disagree, the column has nulls, or an offset/shape points outside the
+    buffers present.
+    """
+    storage = STORAGE[spec.dtype]
+    _no_nulls(name, array)
+    kind = next(k for k in KINDS if k.reads(spec, storage))
+    return kind.decode(name, array, spec, storage)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from ._codec import _VERSION, check_format
+from ._format import VERSION, check_schema
 from .errors import DataProtoError, DecodeError, PickleNotAllowedError
 from .files import MAGIC, copy_file, open_file, progress_bar, recover_file, write_file
 from ._container import DataProto
@@ -64,7 +64,7 @@ def describe(path: str | os.PathLike) -> dict:
         return {
             "path": str(path),
             "file_bytes": reader.file_size,
-            "format_version": check_format(reader.schema)[_VERSION],
+            "format_version": check_schema(reader.schema)[VERSION],
             "compression": reader.compression or "none",
             "rows": reader.num_rows,
             "batches": reader.num_batches,

@@ -55,18 +55,32 @@ import pyarrow as pa
 import torch
 from tensordict import is_tensor_collection
 
-from . import _objects as objects, _tensors as tensors
-from ._codec import _BATCH_SIZE, _TREE, COMPRESSIONS, check_format, from_arrow, to_arrow
+from ._codec import decode, to_arrow
 from .errors import (
-    ColumnNotFoundError,
     DataProtoError,
     DecodeError,
     EncodeError,
     PickleNotAllowedError,
     SchemaMismatchError,
 )
-from ._objects import META_INFO, META_INFO_ENCODING
 from ._container import DataProto
+from ._format import (
+    COMPRESSION,
+    COMPRESSIONS,
+    DEVICE,
+    DTYPE,
+    KIND,
+    META_INFO_ENCODING,
+    PER_BATCH,
+    ROW_SHAPE,
+    SHAPE,
+    TENSOR_KINDS,
+    Node,
+    check_schema,
+    resolve_columns,
+    text_metadata,
+)
+from ._objects import PICKLE, decode_meta_info
 
 __all__ = [
     "ColumnInfo",
@@ -82,11 +96,6 @@ __all__ = [
 ]
 
 MAGIC = b"ARROW1"
-COMPRESSION = "adp.compression"
-"""Footer metadata key: ``"none"``, ``"lz4"`` or ``"zstd"``."""
-
-_PER_BATCH = (_BATCH_SIZE, _TREE, META_INFO, META_INFO_ENCODING)
-"""Schema metadata keys whose values may differ from batch to batch of one file."""
 
 _INCOMPLETE = (
     "no Arrow footer at the end of the file: its writer did not finish (killed, or still writing) "
@@ -133,30 +142,13 @@ def progress_bar(enabled: bool, **kwargs):
 # ---------------------------------------------------------------- metadata helpers
 
 
-def _str_metadata(metadata: Any) -> dict[str, str]:
-    """Arrow key-value metadata (bytes or str keys) as a ``str -> str`` dict."""
-    def text(x: Any) -> str:
-        return x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)
-
-    return {text(k): text(v) for k, v in (metadata or {}).items()}
-
-
-def _rows_free(tree: list) -> list:
-    """The TensorDict tree without the row count of each nested TensorDict's batch size."""
-    return [e if isinstance(e, str) else [e[0], e[1][1:], e[2], _rows_free(e[3])] for e in tree]
-
-
 def _layout(metadata: dict[str, str]) -> dict[str, str]:
     """What every batch of a file must share: the schema metadata except the per-batch
     entries, plus the batch dimensions after the first and the TensorDict nesting."""
-    try:
-        size = json.loads(metadata.get(_BATCH_SIZE, "null"))
-        tree = json.loads(metadata.get(_TREE, "[]"))
-        shared = {k: v for k, v in metadata.items() if k not in _PER_BATCH}
-        shared["batch dimensions after the first"] = json.dumps(None if size is None else size[1:])
-        shared["TensorDict nesting"] = json.dumps(_rows_free(tree))
-    except (ValueError, TypeError, IndexError, KeyError, RecursionError) as e:
-        raise DecodeError(f"malformed batch_size or tree metadata: {e!r}") from None
+    tree = Node.parse(metadata)
+    shared = {k: v for k, v in metadata.items() if k not in PER_BATCH}
+    shared["batch dimensions after the first"] = json.dumps(None if tree is None else list(tree.batch_size[1:]))
+    shared["TensorDict nesting"] = json.dumps([] if tree is None else tree.nesting())
     return shared
 
 
@@ -177,43 +169,16 @@ def schema_difference(expected: pa.Schema, got: pa.Schema) -> list[str]:
         if name not in got.names:
             continue
         a, b = expected.field(name), got.field(name)
-        meta_a, meta_b = _str_metadata(a.metadata), _str_metadata(b.metadata)
+        meta_a, meta_b = text_metadata(a.metadata), text_metadata(b.metadata)
         changed = [k for k in sorted(set(meta_a) | set(meta_b)) if meta_a.get(k) != meta_b.get(k)]
         differences += [f"column {name!r}: {k} {meta_b.get(k)}, expected {meta_a.get(k)}" for k in changed]
         if not changed and not a.remove_metadata().equals(b.remove_metadata()):
             differences.append(f"column {name!r}: Arrow field {b.type}, expected {a.type}")
-    layout_a, layout_b = _layout(_str_metadata(expected.metadata)), _layout(_str_metadata(got.metadata))
+    layout_a, layout_b = _layout(text_metadata(expected.metadata)), _layout(text_metadata(got.metadata))
     for key in sorted(set(layout_a) | set(layout_b)):
         if layout_a.get(key) != layout_b.get(key):
             differences.append(f"{key}: {layout_b.get(key)}, expected {layout_a.get(key)}")
     return differences
-
-
-def _retree(tree: list, keep: set[str] | None, rows: int, prefix: str = "") -> list:
-    """The TensorDict tree holding only the leaves in ``keep`` (all if None), with ``rows`` rows."""
-    out: list = []
-    for entry in tree:
-        if isinstance(entry, str):
-            if keep is None or prefix + entry in keep:
-                out.append(entry)
-            continue
-        key, size, device, subtree = entry
-        subtree = _retree(subtree, keep, rows, f"{prefix}{key}.")
-        if subtree or keep is None:
-            out.append([key, [rows, *size[1:]], device, subtree])
-    return out
-
-
-def _fit(metadata: dict[str, str], keep: set[str] | None, rows: int) -> dict[str, str]:
-    """A batch's schema metadata after keeping only the columns ``keep`` and ``rows`` rows."""
-    try:
-        size = json.loads(metadata[_BATCH_SIZE])
-        if size is None:
-            return metadata
-        tree = _retree(json.loads(metadata[_TREE]), keep, rows)
-        return {**metadata, _BATCH_SIZE: json.dumps([rows, *size[1:]]), _TREE: json.dumps(tree)}
-    except (ValueError, TypeError, IndexError, KeyError, RecursionError) as e:
-        raise DecodeError(f"malformed batch_size or tree metadata: {e!r}") from None
 
 
 def _row_bits(arrow_type: pa.DataType) -> float:
@@ -392,24 +357,24 @@ class ColumnInfo:
 
     @property
     def is_tensor(self) -> bool:
-        return self.kind in tensors.TENSOR_KINDS
+        return self.kind in TENSOR_KINDS
 
     @classmethod
     def from_field(cls, field: pa.Field) -> "ColumnInfo":
-        meta = _str_metadata(field.metadata)
-        kind = meta.get(tensors.KIND, "?")
-        dtype = meta.get(tensors.DTYPE, "?")
-        shape_text = meta.get(tensors.SHAPE if kind in tensors.TENSOR_KINDS else objects.ROW_SHAPE, "null")
+        meta = text_metadata(field.metadata)
+        kind = meta.get(KIND, "?")
+        dtype = meta.get(DTYPE, "?")
+        shape_text = meta.get(SHAPE if kind in TENSOR_KINDS else ROW_SHAPE, "null")
         try:
             shape = json.loads(shape_text)
         except (ValueError, RecursionError):
             shape = shape_text
-        if kind not in tensors.TENSOR_KINDS:
+        if kind not in TENSOR_KINDS:
             try:  # "<i8" -> "int64", "|O" -> "object"; a structured dtype's JSON stays as it is
                 dtype = str(np.dtype(dtype))
             except (TypeError, ValueError):
                 pass
-        return cls(field.name, kind, dtype, shape, meta.get(tensors.DEVICE))
+        return cls(field.name, kind, dtype, shape, meta.get(DEVICE))
 
 
 class _Reader:
@@ -462,7 +427,7 @@ class _Reader:
     @property
     def pickled_columns(self) -> list[str]:
         """Columns whose values are pickled (reading them needs ``allow_pickle=True``)."""
-        return [c.name for c in self.column_info() if c.kind == objects.PICKLE]
+        return [c.name for c in self.column_info() if c.kind == PICKLE]
 
     @property
     def batch_rows(self) -> list[int]:
@@ -483,7 +448,7 @@ class _Reader:
     def read_meta_info(self, i: int = 0) -> dict:
         """Batch ``i``'s ``meta_info`` alone (:class:`PickleNotAllowedError` if pickled and not allowed)."""
         metadata = self._metadata(self._index(i))
-        return self._refusing_pickles(lambda: objects.decode_meta_info(metadata, allow_pickle=self.allow_pickle))
+        return self._refusing_pickles(lambda: decode_meta_info(metadata, allow_pickle=self.allow_pickle))
 
     def column_nbytes(self) -> dict[str, int]:
         """Bytes each column takes in memory, all batches together (uncompressed sizes:
@@ -514,23 +479,12 @@ class _Reader:
             raise IndexError(f"batch {i} out of range for {n} batches")
         return i % n
 
-    def _fields(self, columns: Iterable[str] | None) -> tuple[list[int] | None, set[str] | None]:
+    def _fields(self, columns: Iterable[str] | None) -> tuple[list[int] | None, list[str] | None]:
         """Indices and names of the columns asked for (a nested TensorDict's name selects its leaves)."""
         if columns is None:
             return None, None
-        if isinstance(columns, str):
-            columns = [columns]
-        names = self.columns
-        keep: set[str] = set()
-        unknown = []
-        for wanted in columns:
-            matched = [n for n in names if n == wanted or n.startswith(f"{wanted}.")]
-            keep.update(matched)
-            if not matched:
-                unknown.append(wanted)
-        if unknown:
-            raise ColumnNotFoundError(f"no column {unknown} in {self}; columns: {names}")
-        return [i for i, n in enumerate(names) if n in keep], keep
+        keep = resolve_columns(self.columns, columns, str(self))
+        return [i for i, n in enumerate(self.columns) if n in keep], keep
 
     def _refusing_pickles(self, decode):
         try:
@@ -541,15 +495,24 @@ class _Reader:
                 "the pickled parts (columns=[...], meta_info=False)"
             ) from None
 
-    def _decode(self, batch: pa.RecordBatch, metadata: dict[str, str], keep: set[str] | None, resized: bool, meta_info: bool) -> DataProto:
-        if keep is not None or resized:
-            metadata = _fit(metadata, keep, batch.num_rows)
-        if not meta_info:
-            metadata = {k: v for k, v in metadata.items() if k not in (META_INFO, META_INFO_ENCODING)}
+    def _decode(
+        self,
+        batch: pa.RecordBatch,
+        metadata: dict[str, str],
+        keep: list[str] | None,
+        rows: tuple[int, int] | None,
+        meta_info: bool,
+    ) -> DataProto:
         batch = batch.replace_schema_metadata(metadata)
-        return self._refusing_pickles(
-            lambda: from_arrow(batch, device=self.device, copy=self.copy, allow_pickle=self.allow_pickle)
-        )
+
+        def decoded() -> DataProto:
+            parts = decode(
+                batch, columns=keep, rows=rows, meta_info=meta_info,
+                device=self.device, copy=self.copy, allow_pickle=self.allow_pickle,
+            )
+            return DataProto(batch=parts.batch, non_tensor_batch=parts.non_tensor_batch, meta_info=parts.meta_info)
+
+        return self._refusing_pickles(decoded)
 
     def read_batch(self, i: int, columns: Iterable[str] | None = None, *, meta_info: bool = True) -> DataProto:
         """Batch ``i`` as written (zero-copy for uncompressed files).
@@ -559,7 +522,7 @@ class _Reader:
         """
         fields, keep = self._fields(columns)
         batch, metadata = self._read([self._index(i)], fields)[0]
-        return self._decode(batch, metadata, keep, False, meta_info)
+        return self._decode(batch, metadata, keep, None, meta_info)
 
     def read_rows(
         self, start: int = 0, stop: int | None = None, columns: Iterable[str] | None = None, *, meta_info: bool = True
@@ -600,10 +563,8 @@ class _Reader:
         batches = self._read([i for i, _, _ in spans], fields)
         with progress_bar(self.progress and len(spans) > 1, total=len(spans), desc="reading", unit="batch") as bar:
             for (_, a, b), (batch, metadata) in zip(spans, batches):
-                resized = b is not None and (a, b) != (0, batch.num_rows)
-                if resized:
-                    batch = batch.slice(a, b - a)
-                parts.append(self._decode(batch, metadata, keep, resized, meta_info))
+                rows = None if b is None or (a, b) == (0, batch.num_rows) else (a, b)
+                parts.append(self._decode(batch, metadata, keep, rows, meta_info))
                 bar.update()
         return parts[0] if len(parts) == 1 else DataProto.concat(parts)
 
@@ -659,12 +620,12 @@ class FileReader(_Reader):
             reader = self._open_ipc()
             self.schema = reader.schema
             self._num_batches = reader.num_record_batches
-            footer = _str_metadata(reader.metadata)
-            check_format(self.schema)
+            footer = text_metadata(reader.metadata)
+            check_schema(self.schema)
         except BaseException:
             self.close()
             raise
-        self._footer_schema_metadata = _str_metadata(self.schema.metadata)
+        self._footer_schema_metadata = text_metadata(self.schema.metadata)
         self._layout = _layout(self._footer_schema_metadata)
         compression = footer.get(COMPRESSION)
         self.compression: str | None = None if compression == "none" else (compression or "unknown")
@@ -706,7 +667,7 @@ class FileReader(_Reader):
                 batch, custom = reader.get_batch_with_custom_metadata(i)
             except (pa.ArrowException, OSError, ValueError) as e:
                 raise DecodeError(f"{self.path}: batch {i} is corrupt: {e}") from e
-            metadata = _str_metadata(custom) if custom else self._footer_schema_metadata
+            metadata = text_metadata(custom) if custom else self._footer_schema_metadata
             if _layout(metadata) != self._layout:
                 raise DecodeError(f"{self.path}: the metadata of batch {i} does not match the file's schema")
             if fields is not None and not pushdown:
@@ -894,7 +855,7 @@ def recover_file(
         raise DecodeError(f"{source}: {_describe_start(buffer[:8].to_pybytes())}")
     try:
         stream = pa.ipc.open_stream(buffer.slice(8))
-        check_format(stream.schema)
+        check_schema(stream.schema)
     except (pa.ArrowException, OSError, ValueError) as e:
         raise DecodeError(f"{source}: no complete schema at the start of the file: {e}") from e
     fallback = stream.schema.metadata

@@ -44,7 +44,7 @@ try:
 except ImportError as e:  # pragma: no cover - pandas is an optional dependency
     raise ImportError("arrow_dataproto.pandas needs pandas: pip install 'arrow-dataproto[interop]'") from e
 
-from ._codec import _count_leaves, _flatten, _parts, _Placement, _unflatten
+from ._codec import _count_leaves, _flatten, _parts, _Placement, _unflatten  # TODO
 from ._dtypes import dtype_from_name, dtype_name
 from .errors import DecodeError, EncodeError, column_error
 from ._objects import _dtype_from_str, _dtype_to_str

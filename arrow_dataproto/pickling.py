@@ -169,7 +169,7 @@ def rebuild_dataproto(schema_bytes: bytes, num_rows: int, columns: list[tuple]):
 
     Pickled non-tensor columns are allowed here: unpickling already trusts the sender.
     """
-    from ._codec import from_arrow
+    from ._decoding import from_arrow
 
     options = get_receive_options()
     record_batch = batch_from_state(schema_bytes, num_rows, columns)

@@ -55,7 +55,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, is_tensor_collection
 
-from .._codec import _available, to_arrow
+from .._codec import device_available, to_arrow
 from .._dtypes import dtype_from_name
 from ..errors import DecodeError, column_error
 from ..pickling import batch_state, get_receive_options, rebuild_dataproto
@@ -228,7 +228,7 @@ def _check_parts(batch: Any, non_tensor_batch: Any, meta_info: Any) -> None:
 
 def _here_or_cpu(storage: Any, location: str) -> Any:
     """``torch.load`` map_location: keep the saved device if this process has it, else the CPU."""
-    return None if _available(location) else storage
+    return None if device_available(location) else storage
 
 
 def _load_torch_save(data: bytes | bytearray | memoryview) -> TensorDict | None:
@@ -263,7 +263,7 @@ def _load_numpy_mode(encoded: tuple) -> TensorDict:
         if not isinstance(key, str) or not isinstance(entry, tuple) or len(entry) not in (2, 3):
             raise DecodeError(f"verl numpy-mode batch: malformed entry {key!r}: {_describe(entry)}")
         tensors[key] = _legacy_tensor(key, entry) if len(entry) == 3 else _legacy_nested(key, *entry)
-    target = get_receive_options().device or (device if device is None or _available(device) else "cpu")
+    target = get_receive_options().device or (device if device is None or device_available(device) else "cpu")
     try:
         return TensorDict(tensors, batch_size=list(batch_size), device=target)
     except (RuntimeError, ValueError, TypeError, IndexError) as e:

@@ -1,0 +1,357 @@
+"""The arrow-dataproto format in code: metadata keys, the version rule, the tree, the column specs.
+
+``docs/format.md`` is the prose of the same spec; this module is its only home in
+the code. Every other module reads and writes metadata through it:
+
+- the metadata keys (schema level and field level) and :data:`FORMAT_VERSION`;
+- :func:`check_schema`: the format name and the version rule;
+- :class:`Node`: the TensorDict tree of ``adp.batch_size``/``adp.device``/``adp.tree``,
+  parsed and validated once, with the operations decoding needs (leaf names, a
+  subset of columns, another row count);
+- :class:`TensorSpec` and :class:`ArraySpec`: the field metadata of one tensor
+  column and of one ``non_tensor_batch`` column, parsed and validated once.
+
+Nothing here touches tensor bytes. Malformed metadata raises
+:class:`~arrow_dataproto.DecodeError` (naming the column where there is one).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Union
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from ._dtypes import dtype_from_name, dtype_name
+from .errors import ColumnNotFoundError, DecodeError, EncodeError, FormatVersionError, column_error
+
+FORMAT_NAME = "arrow-dataproto"
+FORMAT_VERSION = (1, 0)
+"""Major.minor. A reader accepts any minor of its own major and refuses other majors."""
+
+# Schema metadata keys
+FORMAT = "adp.format"
+VERSION = "adp.version"
+BATCH_SIZE = "adp.batch_size"
+TD_DEVICE = "adp.device"
+TREE = "adp.tree"
+META_INFO = "adp.meta_info"
+META_INFO_ENCODING = "adp.meta_info.encoding"
+COMPRESSION = "adp.compression"
+"""File footer metadata key: ``"none"``, ``"lz4"`` or ``"zstd"``."""
+PER_BATCH = (BATCH_SIZE, TREE, META_INFO, META_INFO_ENCODING)
+"""Schema metadata keys whose values may differ from batch to batch of one file."""
+
+# Field metadata keys
+KIND = "adp.kind"
+DTYPE = "adp.dtype"
+SHAPE = "adp.shape"
+RAGGED_IDX = "adp.ragged_idx"
+DEVICE = "adp.device"
+ROW_SHAPE = "adp.row_shape"
+
+TENSOR_KINDS = ("tensor", "jagged", "strided")
+"""``adp.kind`` of the columns of TensorDict leaves."""
+ARRAY_KINDS = ("numeric", "string", "object", "pickle")
+"""``adp.kind`` of the columns of ``non_tensor_batch`` arrays."""
+COMPRESSIONS = (None, "lz4", "zstd")
+
+
+def version_text() -> str:
+    return "%d.%d" % FORMAT_VERSION
+
+
+def text_metadata(metadata: Mapping[Any, Any] | None) -> dict[str, str]:
+    """Arrow key-value metadata (bytes or str) as ``str -> str``; bad UTF-8 is replaced, not raised."""
+
+    def text(x: Any) -> str:
+        return x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)
+
+    return {text(k): text(v) for k, v in (metadata or {}).items()}
+
+
+def check_schema(schema: pa.Schema) -> dict[str, str]:
+    """The schema's metadata as ``str -> str``, after checking the format name and major version.
+
+    Raises :class:`DecodeError` when the schema is not ours (or a column name is not
+    UTF-8), and :class:`FormatVersionError` when its major version is not this library's.
+    """
+    metadata = text_metadata(schema.metadata)
+    if metadata.get(FORMAT) != FORMAT_NAME:
+        raise DecodeError(f"not an {FORMAT_NAME} payload (schema metadata {FORMAT!r} is {metadata.get(FORMAT)!r})")
+    version = metadata.get(VERSION, "")
+    major, _, minor = version.partition(".")
+    if not (major.isdigit() and minor.isdigit()):
+        raise DecodeError(f"malformed format version {version!r}")
+    if int(major) != FORMAT_VERSION[0]:
+        raise FormatVersionError(
+            f"format version {version} is not readable by this version of arrow-dataproto, "
+            f"which reads {FORMAT_VERSION[0]}.x"
+        )
+    try:
+        _read_field_names(list(schema))
+    except UnicodeDecodeError as e:  # a corrupt payload
+        raise DecodeError(f"column names are not valid UTF-8: {e}") from None
+    return metadata
+
+
+def _read_field_names(fields: list[pa.Field]) -> None:
+    """Read the name of every field, nested ones too (pyarrow decodes names on access)."""
+    for field in fields:
+        kind = field.type.storage_type if isinstance(field.type, pa.BaseExtensionType) else field.type
+        field.name  # pyarrow decodes the name here: UnicodeDecodeError if it is not UTF-8
+        _read_field_names([kind.field(i) for i in range(kind.num_fields)])
+
+
+def _json(metadata: Mapping[str, str], key: str, where: str = "schema metadata") -> Any:
+    try:
+        return json.loads(metadata[key])
+    except KeyError:
+        raise DecodeError(f"{where} lacks {key!r}") from None
+    except (ValueError, RecursionError) as e:  # RecursionError: nested too deep
+        raise DecodeError(f"{where} {key!r} is not valid JSON: {e!r}") from None
+
+
+def _is_size(value: Any) -> bool:
+    return isinstance(value, list) and all(type(n) is int and n >= 0 for n in value)
+
+
+# ---------------------------------------------------------------- the TensorDict tree
+
+
+Entry = Union[str, "Node"]
+"""One entry of a tree: a leaf (its key) or a nested TensorDict."""
+
+
+@dataclass(frozen=True)
+class Node:
+    """A TensorDict of the tree: its ``key`` (``""`` for the root), ``batch_size``,
+    ``device`` and ``entries`` in column order (a leaf is its key, a nested
+    TensorDict a :class:`Node`). The root's leaves, depth-first, are the first
+    columns of the RecordBatch, named by their key paths joined with ``.``.
+    """
+
+    key: str
+    batch_size: tuple[int, ...]
+    device: str | None
+    entries: tuple[Entry, ...]
+
+    # -- metadata
+
+    @classmethod
+    def parse(cls, metadata: Mapping[str, str]) -> "Node | None":
+        """The tree of a schema's metadata (``None`` when the DataProto has no batch).
+
+        Raises :class:`DecodeError` for missing or malformed entries.
+        """
+        batch_size, device, tree = (_json(metadata, k) for k in (BATCH_SIZE, TD_DEVICE, TREE))
+        entries = _parse_entries(tree)
+        if batch_size is None:
+            if entries:
+                raise DecodeError(f"the tree names tensor columns but batch_size is null: {tree!r}")
+            return None
+        if not (_is_size(batch_size) and batch_size):
+            raise DecodeError(f"malformed batch_size {batch_size!r}")
+        if device is not None and not isinstance(device, str):
+            raise DecodeError(f"malformed device {device!r}")
+        return cls("", tuple(batch_size), device, entries)
+
+    def metadata(self) -> dict[str, str]:
+        """The schema metadata entries of this (root) tree."""
+        return {
+            BATCH_SIZE: json.dumps(list(self.batch_size)),
+            TD_DEVICE: json.dumps(self.device),
+            TREE: json.dumps(self._entries_json()),
+        }
+
+    @staticmethod
+    def empty_metadata() -> dict[str, str]:
+        """The schema metadata entries of a DataProto without a batch."""
+        return {BATCH_SIZE: "null", TD_DEVICE: "null", TREE: "[]"}
+
+    def _entries_json(self) -> list:
+        return [e if isinstance(e, str) else [e.key, list(e.batch_size), e.device, e._entries_json()] for e in self.entries]
+
+    def nesting(self) -> list:
+        """The entries as JSON values without the row count of each batch size: what the
+        batches of one file share."""
+        return [e if isinstance(e, str) else [e.key, list(e.batch_size[1:]), e.device, e.nesting()] for e in self.entries]
+
+    # -- operations
+
+    def leaf_names(self, prefix: str = "") -> list[str]:
+        """The column names of the leaves, in column order."""
+        names: list[str] = []
+        for entry in self.entries:
+            if isinstance(entry, str):
+                names.append(prefix + entry)
+            else:
+                names += entry.leaf_names(f"{prefix}{entry.key}.")
+        return names
+
+    def select(self, keep: set[str], prefix: str = "") -> "Node":
+        """This tree with only the leaves named in ``keep``; nested TensorDicts left empty are dropped."""
+        entries: list[Entry] = []
+        for entry in self.entries:
+            if isinstance(entry, str):
+                if prefix + entry in keep:
+                    entries.append(entry)
+                continue
+            sub = entry.select(keep, f"{prefix}{entry.key}.")
+            if sub.entries:
+                entries.append(sub)
+        return Node(self.key, self.batch_size, self.device, tuple(entries))
+
+    def with_rows(self, rows: int) -> "Node":
+        """This tree with ``rows`` as the first batch dimension of every TensorDict in it."""
+        entries = tuple(e if isinstance(e, str) else e.with_rows(rows) for e in self.entries)
+        return Node(self.key, (rows, *self.batch_size[1:]), self.device, entries)
+
+
+def _parse_entries(tree: Any) -> tuple[Entry, ...]:
+    if not isinstance(tree, list):
+        raise DecodeError("malformed TensorDict tree in the schema metadata")
+    entries: list[Entry] = []
+    for entry in tree:
+        if isinstance(entry, str):
+            entries.append(entry)
+        elif (
+            isinstance(entry, list)
+            and len(entry) == 4
+            and isinstance(entry[0], str)
+            and _is_size(entry[1])
+            and (entry[2] is None or isinstance(entry[2], str))
+        ):
+            entries.append(Node(entry[0], tuple(entry[1]), entry[2], _parse_entries(entry[3])))
+        else:
+            raise DecodeError(f"malformed TensorDict tree entry {entry!r}")
+    return tuple(entries)
+
+
+def resolve_columns(names: list[str], wanted: Iterable[str] | str, where: str) -> list[str]:
+    """The columns of ``names`` that ``wanted`` asks for, in column order; a nested
+    TensorDict's name selects all its leaves. :class:`ColumnNotFoundError` for a name
+    that matches nothing (``where`` names the payload in the message)."""
+    if isinstance(wanted, str):
+        wanted = [wanted]
+    keep: set[str] = set()
+    unknown = []
+    for name in wanted:
+        matched = [n for n in names if n == name or n.startswith(f"{name}.")]
+        keep.update(matched)
+        if not matched:
+            unknown.append(name)
+    if unknown:
+        raise ColumnNotFoundError(f"no column {unknown} in {where}; columns: {names}")
+    return [n for n in names if n in keep]
+
+
+# ---------------------------------------------------------------- column specs
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """The field metadata of a tensor column.
+
+    ``shape`` is the per-row shape, ``None`` for a ragged dimension (jagged: exactly
+    one, at ``ragged_idx - 1``; strided: all of them); ``device`` where the tensor was.
+    """
+
+    kind: str
+    dtype: torch.dtype
+    shape: tuple[int | None, ...]
+    device: str | None = None
+    ragged_idx: int | None = None
+
+    def metadata(self) -> dict[str, str]:
+        meta = {DTYPE: dtype_name(self.dtype), DEVICE: str(self.device), KIND: self.kind, SHAPE: json.dumps(list(self.shape))}
+        if self.ragged_idx is not None:
+            meta[RAGGED_IDX] = str(self.ragged_idx)
+        return meta
+
+    @classmethod
+    def parse(cls, name: str, meta: Mapping[str, str]) -> "TensorSpec":
+        """Read and check a tensor column's field metadata; :class:`DecodeError` naming the column."""
+        try:
+            kind = meta[KIND]
+            dtype = dtype_from_name(meta[DTYPE], name)
+            shape = json.loads(meta[SHAPE])
+        except KeyError as e:
+            raise column_error(DecodeError, name, f"missing metadata key {e.args[0]!r}") from None
+        except (ValueError, RecursionError) as e:  # RecursionError: nested too deep
+            raise column_error(DecodeError, name, f"malformed shape metadata: {e!r}") from None
+        if not isinstance(shape, list) or not all(n is None or (isinstance(n, int) and 0 <= n < 2**63) for n in shape):
+            raise column_error(DecodeError, name, f"malformed shape metadata {meta[SHAPE]!r}")
+        check = _SHAPE_RULES.get(kind)
+        if check is None:
+            raise column_error(DecodeError, name, f"unknown column kind {kind!r}")
+        ragged_idx = check(name, shape, meta.get(RAGGED_IDX, ""))
+        return cls(kind, dtype, tuple(shape), meta.get(DEVICE), ragged_idx)
+
+
+def _dense_shape(name: str, shape: list, _: str) -> None:
+    if None in shape:
+        raise column_error(DecodeError, name, f"dense column with a ragged shape {shape}")
+    return None
+
+
+def _jagged_shape(name: str, shape: list, ragged_idx: str) -> int:
+    if not ragged_idx.isdigit() or not 1 <= int(ragged_idx) <= len(shape) or shape[int(ragged_idx) - 1] is not None:
+        raise column_error(DecodeError, name, f"ragged_idx {ragged_idx!r} does not fit shape {shape}")
+    if shape.count(None) != 1:
+        raise column_error(DecodeError, name, f"jagged shape {shape} must have exactly one ragged dimension")
+    return int(ragged_idx)
+
+
+def _strided_shape(name: str, shape: list, _: str) -> None:
+    if not shape or any(n is not None for n in shape):
+        raise column_error(DecodeError, name, f"malformed strided shape {shape}")
+    return None
+
+
+_SHAPE_RULES = {"tensor": _dense_shape, "jagged": _jagged_shape, "strided": _strided_shape}
+
+
+def numpy_dtype_text(name: str, dtype: np.dtype) -> str:
+    """How ``adp.dtype`` records a numpy dtype: ``dtype.str``, or the JSON descr of a
+    structured dtype. :class:`EncodeError` if the text would not give ``dtype`` back."""
+    text = dtype.str if dtype.fields is None else json.dumps(np.lib.format.dtype_to_descr(dtype))
+    try:
+        if numpy_dtype_of(text) == dtype:
+            return text
+    except (TypeError, ValueError):
+        pass
+    raise column_error(EncodeError, name, f"dtype {dtype} cannot be recorded; convert the column to object dtype")
+
+
+def numpy_dtype_of(text: str) -> np.dtype:
+    """Inverse of :func:`numpy_dtype_text` (``TypeError``/``ValueError`` for bad text)."""
+    if text.startswith("["):
+        return np.lib.format.descr_to_dtype(json.loads(text))
+    return np.dtype(text)
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """The field metadata of a ``non_tensor_batch`` column: its kind, numpy dtype and per-row shape."""
+
+    kind: str
+    dtype: np.dtype
+    row_shape: tuple[int, ...]
+
+    def metadata(self, name: str) -> dict[str, str]:
+        return {KIND: self.kind, DTYPE: numpy_dtype_text(name, self.dtype), ROW_SHAPE: json.dumps(list(self.row_shape))}
+
+    @classmethod
+    def parse(cls, meta: Mapping[str, str]) -> "ArraySpec":
+        """Read a ``non_tensor_batch`` column's field metadata. Raises ``KeyError``,
+        ``TypeError`` or ``ValueError`` (the column decoder names the column)."""
+        kind = meta[KIND]
+        dtype = numpy_dtype_of(meta[DTYPE])
+        row_shape = json.loads(meta[ROW_SHAPE])
+        if not (isinstance(row_shape, list) and all(type(d) is int and d >= 0 for d in row_shape)):
+            raise ValueError(f"bad row shape {row_shape!r}")
+        return cls(kind, dtype, tuple(row_shape))

@@ -1,0 +1,67 @@
+"""The one place that takes jagged ``torch.nested`` tensors apart and builds them.
+
+A jagged tensor (``layout=torch.jagged``) is a values tensor, int64 offsets and
+a ragged dimension ``ragged_idx`` (1 = right after the batch dimension). Every
+module that needs its rows (the tensor codec, row selection, pandas) goes
+through :func:`parts` and :func:`build`, so the ragged-dimension bookkeeping is
+written once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Iterator
+
+import torch
+
+# torch logs this notice (once per process) from inside nested_tensor_from_jagged;
+# it concerns torch.fx users, not anyone building a nested tensor.
+_FX_NOTICE = "is_fx_tracing will return true"
+_FX_LOGGER = logging.getLogger("torch.fx._symbolic_trace")
+
+
+def _not_fx_notice(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith(_FX_NOTICE)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    _FX_LOGGER.addFilter(_not_fx_notice)
+    try:
+        yield
+    finally:
+        _FX_LOGGER.removeFilter(_not_fx_notice)
+
+
+def is_jagged(t: torch.Tensor) -> bool:
+    return t.is_nested and t.layout == torch.jagged
+
+
+def ragged_idx(t: torch.Tensor) -> int:
+    """The ragged dimension of a jagged tensor (1 = right after the batch dimension)."""
+    return t._ragged_idx
+
+
+def parts(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(values, offsets)`` of a jagged tensor: values with the ragged dimension first,
+    and its offsets (which need not start at 0). Views, except for a tensor with holes
+    between rows (``lengths()`` set), which is compacted first (a copy)."""
+    if t.lengths() is not None:
+        t = t.contiguous()
+    return t.values().movedim(t._ragged_idx - 1, 0), t.offsets()
+
+
+def build(values: torch.Tensor, offsets: torch.Tensor, ragged_idx: int) -> torch.Tensor:
+    """The jagged tensor whose rows are ``values[offsets[i]:offsets[i + 1]]`` (values with the
+    ragged dimension first), ragged at ``ragged_idx``. Views ``values`` and ``offsets``."""
+    with _quiet():
+        return torch.nested.nested_tensor_from_jagged(values.movedim(0, ragged_idx - 1), offsets, jagged_dim=ragged_idx)
+
+
+def clone(t: torch.Tensor) -> torch.Tensor:
+    """A jagged tensor owning new copies of ``t``'s values and offsets (``t.clone()`` shares the offsets)."""
+    if t.lengths() is not None:
+        t = t.contiguous()
+    with _quiet():
+        return torch.nested.nested_tensor_from_jagged(t.values().clone(), t.offsets().clone(), jagged_dim=t._ragged_idx)
