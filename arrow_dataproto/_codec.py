@@ -114,7 +114,7 @@ def to_arrow(data: Any) -> pa.RecordBatch:
     names = [f.name for f in fields]
     if len(set(names)) != len(names):
         duplicates = sorted({n for n in names if names.count(n) > 1})
-        raise EncodeError(f"duplicate column names {duplicates} (a key both in batch and non_tensor_batch?)")
+        raise EncodeError(f"columns {duplicates}: duplicate column names (a key both in batch and non_tensor_batch?)")
     rows = {len(a) for a in arrays}
     if len(rows) > 1:
         raise EncodeError(f"columns disagree on the number of rows: {sorted(rows)}")

@@ -269,11 +269,11 @@ class DataProto:
             self.batch = self.batch.to(device)
         return self
 
-    def to_pandas(self):
-        """One DataFrame row per sample (see :func:`arrow_dataproto.pandas.to_pandas`)."""
+    def to_pandas(self, *, copy: bool = False):
+        """One DataFrame row per sample: :func:`arrow_dataproto.pandas.to_pandas` (needs pandas)."""
         from .pandas import to_pandas
 
-        return to_pandas(self)
+        return to_pandas(self, copy=copy)
 
     def __copy__(self) -> "DataProto":
         return DataProto(self.batch, dict(self.non_tensor_batch), dict(self.meta_info))

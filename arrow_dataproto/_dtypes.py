@@ -7,6 +7,11 @@ type of the same width (bfloat16 in ``uint16``, every float8 in ``uint8``) and
 the real torch dtype is recorded in the column's metadata. Complex numbers are
 stored as (real, imag) pairs of their float type, as an extra trailing
 dimension of 2 (``torch.view_as_real`` order), so other Arrow readers see numbers.
+
+The same table says how numpy (pandas) shows each dtype: as itself when numpy
+has it, else widened to a dtype that holds every value exactly (bfloat16 and
+every float8 as float32, complex32 as complex64), or as its raw bits
+(``bits8``/``bits16``/``float4_e2m1fn_x2`` as uint8/uint16).
 """
 
 from __future__ import annotations
@@ -26,12 +31,16 @@ class Storage:
     ``arrow_type`` is the Arrow value type of the column; ``torch_view`` is the
     torch dtype of that storage (what DLPack hands back), viewed as the real
     dtype on decode; ``pair`` is 2 for complex dtypes (an extra trailing
-    dimension of real/imag), else 1.
+    dimension of real/imag), else 1. ``shown`` is the dtype numpy shows it as
+    (``None``: itself), ``widened`` whether that takes a value conversion
+    (otherwise the bits are viewed as they are).
     """
 
     arrow_type: pa.DataType
     torch_view: torch.dtype
     pair: int = 1
+    shown: torch.dtype | None = None
+    widened: bool = False
 
 
 def _table() -> dict[torch.dtype, Storage]:
@@ -48,18 +57,18 @@ def _table() -> dict[torch.dtype, Storage]:
         "float16": Storage(pa.float16(), torch.float16),
         "float32": Storage(pa.float32(), torch.float32),
         "float64": Storage(pa.float64(), torch.float64),
-        "bfloat16": Storage(pa.uint16(), torch.uint16),
-        "complex32": Storage(pa.float16(), torch.float16, 2),
+        "bfloat16": Storage(pa.uint16(), torch.uint16, 1, torch.float32, True),
+        "complex32": Storage(pa.float16(), torch.float16, 2, torch.complex64, True),
         "complex64": Storage(pa.float32(), torch.float32, 2),
         "complex128": Storage(pa.float64(), torch.float64, 2),
-        "float8_e4m3fn": Storage(pa.uint8(), torch.uint8),
-        "float8_e4m3fnuz": Storage(pa.uint8(), torch.uint8),
-        "float8_e5m2": Storage(pa.uint8(), torch.uint8),
-        "float8_e5m2fnuz": Storage(pa.uint8(), torch.uint8),
-        "float8_e8m0fnu": Storage(pa.uint8(), torch.uint8),
-        "float4_e2m1fn_x2": Storage(pa.uint8(), torch.uint8),
-        "bits8": Storage(pa.uint8(), torch.uint8),
-        "bits16": Storage(pa.uint16(), torch.uint16),
+        "float8_e4m3fn": Storage(pa.uint8(), torch.uint8, 1, torch.float32, True),
+        "float8_e4m3fnuz": Storage(pa.uint8(), torch.uint8, 1, torch.float32, True),
+        "float8_e5m2": Storage(pa.uint8(), torch.uint8, 1, torch.float32, True),
+        "float8_e5m2fnuz": Storage(pa.uint8(), torch.uint8, 1, torch.float32, True),
+        "float8_e8m0fnu": Storage(pa.uint8(), torch.uint8, 1, torch.float32, True),
+        "float4_e2m1fn_x2": Storage(pa.uint8(), torch.uint8, 1, torch.uint8),
+        "bits8": Storage(pa.uint8(), torch.uint8, 1, torch.uint8),
+        "bits16": Storage(pa.uint16(), torch.uint16, 1, torch.uint16),
     }
     # Older torch releases lack some of these names; the table holds what this one has.
     return {getattr(torch, name): s for name, s in native.items() if hasattr(torch, name)}
@@ -90,3 +99,12 @@ def dtype_from_name(name: str, column: str) -> torch.dtype:
         return _BY_NAME[name]
     except KeyError:
         raise DecodeError(f"column {column!r}: unknown or unsupported torch dtype {name!r}") from None
+
+
+def shown_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The torch dtype whose numpy dtype shows ``dtype`` (itself when numpy has it)."""
+    return STORAGE[dtype].shown or dtype
+
+
+NUMPY_NATIVE: frozenset[torch.dtype] = frozenset(d for d, s in STORAGE.items() if s.shown is None)
+"""The torch dtypes numpy has (``torch.from_numpy`` gives them back)."""

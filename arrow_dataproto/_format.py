@@ -192,16 +192,17 @@ class Node:
                 names += entry.leaf_names(f"{prefix}{entry.key}.")
         return names
 
-    def select(self, keep: set[str], prefix: str = "") -> "Node":
-        """This tree with only the leaves named in ``keep``; nested TensorDicts left empty are dropped."""
+    def select(self, keep: set[str], *, prune: bool = True, prefix: str = "") -> "Node":
+        """This tree with only the leaves named in ``keep``; nested TensorDicts left
+        without leaves are dropped if ``prune``, kept (empty) otherwise."""
         entries: list[Entry] = []
         for entry in self.entries:
             if isinstance(entry, str):
                 if prefix + entry in keep:
                     entries.append(entry)
                 continue
-            sub = entry.select(keep, f"{prefix}{entry.key}.")
-            if sub.entries:
+            sub = entry.select(keep, prune=prune, prefix=f"{prefix}{entry.key}.")
+            if sub.entries or not prune:
                 entries.append(sub)
         return Node(self.key, self.batch_size, self.device, tuple(entries))
 

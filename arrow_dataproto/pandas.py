@@ -1,9 +1,10 @@
-"""DataProto <-> pandas DataFrame, one row per sample.
+"""DataProto <-> pandas DataFrame, one row per sample, through the Arrow RecordBatch.
 
-:func:`to_pandas` works from the tensors and numpy arrays themselves, not from
-the Arrow RecordBatch: pandas wants numpy values, which CPU tensors give without
-a copy, while the Arrow route would re-encode every non-tensor column (strings,
-dicts) only to decode it again.
+:func:`to_pandas` encodes the DataProto with :func:`~arrow_dataproto.to_arrow`
+(zero-copy) and turns each column of the RecordBatch into a pandas column;
+:func:`from_pandas` builds a RecordBatch from the frame and decodes it with the
+codec. So pandas sees the same columns, dtypes and tree as every other
+transport, and the metadata pandas keeps is the format's own.
 
 Columns, in order: one per TensorDict leaf (nested keys joined with ``.``, as in
 the Arrow schema), then one per ``non_tensor_batch`` entry.
@@ -13,88 +14,156 @@ the Arrow schema), then one per ``non_tensor_batch`` entry.
   tensor's cells have each row's own shape (``(j,)``, or ``(3, j)`` for an
   mRoPE tensor with ``ragged_idx=2``); a strided nested tensor's cells have
   whatever shape each row has.
-- Values keep their dtype, except dtypes numpy lacks: bfloat16 and every float8
-  are shown as float32 (which holds each of their values exactly), complex32 as
-  complex64, ``bits8``/``bits16``/``float4_e2m1fn_x2`` as their raw
-  ``uint8``/``uint16`` bits.
-- ``non_tensor_batch`` columns keep their values: an object array stays an
-  object column (strings stay ``str``, dicts stay dicts), a numeric array a
-  numeric column; an N-D array's rows become array cells.
+- Values keep their dtype, except dtypes numpy lacks (the table in
+  :mod:`arrow_dataproto._dtypes`): bfloat16 and every float8 are shown as
+  float32 (which holds each of their values exactly), complex32 as complex64,
+  ``bits8``/``bits16``/``float4_e2m1fn_x2`` as their raw ``uint8``/``uint16`` bits.
+- ``non_tensor_batch`` columns keep their values: an object array of strings
+  becomes a column of pandas' default string dtype (``str`` in pandas 3;
+  ``object`` when a value is missing), other object arrays stay object columns
+  (dicts stay dicts), a numeric array a numeric column; an N-D array's rows
+  become array cells.
 
-``DataFrame.attrs["meta_info"]`` holds a deep copy of ``meta_info`` and
-``DataFrame.attrs["arrow_dataproto"]`` a JSON-compatible record of what
-:func:`from_pandas` needs to rebuild the DataProto exactly: each column's torch
-dtype, layout, per-row shape, ragged dimension and device (or numpy dtype), the
-batch size and the TensorDict tree. pandas keeps ``attrs`` through row
-selection and column projection, so a filtered frame converts back too.
+``DataFrame.attrs["meta_info"]`` holds a copy of ``meta_info`` and
+``DataFrame.attrs["arrow_dataproto"]`` the format metadata of the RecordBatch
+in JSON form (``docs/format.md`` without the ``adp.`` prefixes): the format
+version, ``batch_size``, ``device`` and ``tree``, and under ``columns`` each
+column's field metadata (``kind``, ``dtype``, ``shape``/``row_shape``,
+``ragged_idx``, ``device``). pandas keeps ``attrs`` through row selection and
+column projection, so a filtered frame converts back too.
 """
 
 from __future__ import annotations
 
-import copy as _copy
+import json
+from dataclasses import replace
 from functools import lru_cache
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
+import pyarrow as pa
 import torch
-from tensordict import TensorDict
 
 try:
     import pandas as pd
 except ImportError as e:  # pragma: no cover - pandas is an optional dependency
     raise ImportError("arrow_dataproto.pandas needs pandas: pip install 'arrow-dataproto[interop]'") from e
 
-from ._codec import _count_leaves, _flatten, _parts, _Placement, _unflatten  # TODO
-from ._dtypes import dtype_from_name, dtype_name
-from .errors import DecodeError, EncodeError, column_error
-from ._objects import _dtype_from_str, _dtype_to_str
+from . import _jagged
+from ._codec import decode, record_batch_of, to_arrow
 from ._container import DataProto
+from ._dtypes import NUMPY_NATIVE, STORAGE, shown_dtype
+from ._format import (
+    ARRAY_KINDS,
+    BATCH_SIZE,
+    DEVICE,
+    FORMAT,
+    FORMAT_NAME,
+    KIND,
+    RAGGED_IDX,
+    ROW_SHAPE,
+    SHAPE,
+    TD_DEVICE,
+    TENSOR_KINDS,
+    TREE,
+    VERSION,
+    ArraySpec,
+    Node,
+    TensorSpec,
+    check_schema,
+    numpy_dtype_of,
+    text_metadata,
+    version_text,
+)
+from ._objects import Object, decode_column, decode_meta_info, encode_column, encode_meta_info
+from ._tensors import decode_tensor, encode_tensor
+from .errors import DecodeError, EncodeError, column_error
 
 __all__ = ["to_pandas", "from_pandas", "RECORD", "META_INFO"]
 
 RECORD = "arrow_dataproto"
-"""``DataFrame.attrs`` key of the record :func:`from_pandas` restores from."""
+"""``DataFrame.attrs`` key of the format metadata :func:`from_pandas` restores from."""
 META_INFO = "meta_info"
 """``DataFrame.attrs`` key of ``meta_info``."""
-RECORD_VERSION = 1
 
-# torch dtypes numpy lacks: shown converted to a wider dtype (exact), or as their raw bits
-_AS_FLOAT32 = ("bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu")
-_WIDENED = {getattr(torch, n): torch.float32 for n in _AS_FLOAT32 if hasattr(torch, n)}
-_WIDENED[torch.complex32] = torch.complex64
-_RAW_BITS = {
-    getattr(torch, n): bits
-    for n, bits in (("bits8", torch.uint8), ("bits16", torch.uint16), ("float4_e2m1fn_x2", torch.uint8))
-    if hasattr(torch, n)
-}
-_TENSOR_KINDS = ("tensor", "jagged", "strided")
-_NUMPY_KIND = "numpy"
-# numpy dtypes that become tensors (torch.from_numpy accepts them, in native byte order)
-_TENSOR_NUMPY_DTYPES = {
-    np.dtype(n)
-    for n in (
-        "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
-        "float16", "float32", "float64", "complex64", "complex128",
-    )
-}
+_STRING_DTYPE = pd.Series([""]).dtype
+"""pandas' default dtype for strings (``str`` in pandas 3, ``object`` before)."""
+_PREFIX = "adp."
+_SCHEMA_KEYS = {VERSION: False, BATCH_SIZE: True, TD_DEVICE: True, TREE: True}
+"""Schema metadata keys the record holds (True: a JSON value)."""
+_JSON_FIELD_KEYS = (SHAPE, ROW_SHAPE, RAGGED_IDX)
+"""Field metadata keys whose values the record holds as JSON values, not text."""
+
+
+# ---------------------------------------------------------------- the record: format metadata as JSON
+
+
+def _record_key(key: str) -> str:
+    return key.removeprefix(_PREFIX)
+
+
+def _field_record(metadata: dict[str, str]) -> dict[str, Any]:
+    return {_record_key(k): json.loads(v) if k in _JSON_FIELD_KEYS else v for k, v in metadata.items()}
+
+
+def _field_metadata(name: str, record: Any) -> dict[str, str]:
+    if not isinstance(record, dict):
+        raise column_error(DecodeError, name, f"malformed column record {record!r}")
+    keys = {_record_key(k): k for k in (KIND, "adp.dtype", SHAPE, ROW_SHAPE, RAGGED_IDX, DEVICE)}
+    try:
+        return {
+            keys[k]: json.dumps(v) if keys[k] in _JSON_FIELD_KEYS else str(v)
+            for k, v in record.items()
+            if k in keys
+        }
+    except (TypeError, ValueError) as e:
+        raise column_error(DecodeError, name, f"malformed column record {record!r}: {e}") from None
+
+
+def _record_of(schema: pa.Schema) -> dict[str, Any]:
+    metadata = text_metadata(schema.metadata)
+    record = {_record_key(k): json.loads(metadata[k]) if is_json else metadata[k] for k, is_json in _SCHEMA_KEYS.items()}
+    record["columns"] = {field.name: _field_record(text_metadata(field.metadata)) for field in schema}
+    return record
+
+
+def _read_record(attrs: dict) -> tuple[Node | None, dict[str, dict[str, str]]] | None:
+    """The tree and each column's field metadata recorded in ``attrs``, checked by the format
+    module; None if there is no record."""
+    record = attrs.get(RECORD)
+    if record is None:
+        return None
+    where = f"DataFrame.attrs[{RECORD!r}]"
+    if not isinstance(record, dict) or not isinstance(record.get("columns"), dict):
+        raise DecodeError(f"{where} is not a record made by to_pandas")
+    metadata = {FORMAT: FORMAT_NAME}
+    try:
+        for key, is_json in _SCHEMA_KEYS.items():
+            value = record.get(_record_key(key))
+            metadata[key] = json.dumps(value) if is_json else str(value)
+    except (TypeError, ValueError) as e:
+        raise DecodeError(f"{where}: malformed record: {e}") from None
+    check_schema(pa.schema([], metadata=metadata))  # the version rule
+    tree = Node.parse(metadata)
+    return tree, {str(name): _field_metadata(str(name), spec) for name, spec in record["columns"].items()}
 
 
 # ---------------------------------------------------------------- dtypes
 
 
-def _shown_dtype(dtype: torch.dtype) -> np.dtype:
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
     """The numpy dtype a column of torch ``dtype`` is shown in."""
-    shown = _WIDENED.get(dtype) or _RAW_BITS.get(dtype) or dtype
-    return torch.empty(0, dtype=shown).numpy().dtype
+    return torch.empty(0, dtype=shown_dtype(dtype)).numpy().dtype
 
 
 def _to_numpy(t: torch.Tensor, copy: bool) -> np.ndarray:
-    """``t`` as numpy in its shown dtype: a read-only view of a CPU tensor unless ``copy``
-    or a conversion (widened dtypes, other devices) makes new memory."""
+    """``t`` (on the CPU) as numpy in its shown dtype: a read-only view unless ``copy``
+    or a widened dtype makes new memory."""
     t = t.detach().cpu().resolve_conj().resolve_neg()
-    if t.dtype in _WIDENED:
-        return t.to(_WIDENED[t.dtype]).numpy()
-    array = t.view(_RAW_BITS.get(t.dtype, t.dtype)).numpy()
+    storage = STORAGE[t.dtype]
+    if storage.widened:
+        return t.to(shown_dtype(t.dtype)).numpy()
+    array = t.view(shown_dtype(t.dtype)).numpy()
     if copy:
         return array.copy()
     array = array.view()  # the flag must not reach the tensor's other numpy views
@@ -145,19 +214,19 @@ def _cast(name: str, values: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 def _tensor(name: str, values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     """A tensor of ``dtype`` from ``values`` shown in that dtype (owns ``values``' memory)."""
-    shown = _cast(name, values, _shown_dtype(dtype))
-    if dtype in _RAW_BITS:
-        return torch.from_numpy(shown).view(dtype)
-    if _WIDENED.get(dtype) == torch.float32:
-        return _narrow(shown, dtype)
-    return torch.from_numpy(shown).to(dtype)  # a no-op but for complex32
+    shown = torch.from_numpy(_cast(name, values, _numpy_dtype(dtype)))
+    if not STORAGE[dtype].widened:
+        return shown.view(dtype)
+    if shown.dtype == torch.float32:
+        return _narrow(shown.numpy(), dtype)
+    return shown.to(dtype)  # complex32
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
     return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
 
 
-# ---------------------------------------------------------------- to_pandas
+# ---------------------------------------------------------------- to_pandas: one converter per column kind
 
 
 def _object_column(cells: Any, rows: int) -> pd.Series:
@@ -165,84 +234,79 @@ def _object_column(cells: Any, rows: int) -> pd.Series:
     return pd.Series(np.fromiter(cells, dtype=object, count=rows), dtype=object)
 
 
-def _tensor_column(name: str, t: torch.Tensor, copy: bool) -> tuple[Any, dict]:
-    """One TensorDict leaf as a column (a 1-D array or an object Series of arrays) and its record."""
-    if t.device.type == "meta":
-        raise column_error(EncodeError, name, "tensors on the meta device hold no data")
-    spec = {"kind": "tensor", "dtype": dtype_name(t.dtype), "device": str(t.device)}
-    if t.is_nested and t.layout == torch.jagged:
-        if t.lengths() is not None:  # holes between rows
-            t = t.contiguous()
-        axis = t._ragged_idx - 1
-        offsets = t.offsets().cpu().numpy()
-        values = _to_numpy(t.values(), copy)
-        values = values[(slice(None),) * axis + (slice(int(offsets[0]), int(offsets[-1])),)]
-        cells = np.split(values, offsets[1:-1] - offsets[0], axis=axis) if len(offsets) > 1 else []
-        shape = [None if i == axis else int(n) for i, n in enumerate(t.shape[1:])]
-        spec.update(kind="jagged", shape=shape, ragged_idx=axis + 1)
-        return _object_column(cells, len(cells)), spec
-    if t.is_nested:
-        rows = t.unbind()
-        spec.update(kind="strided", shape=[None] * (t.dim() - 1))
-        return _object_column((_to_numpy(row, copy) for row in rows), len(rows)), spec
-    if t.layout != torch.strided:
-        raise column_error(EncodeError, name, f"layout {t.layout} is not supported (use dense or nested)")
+def _dense_cells(t: torch.Tensor, copy: bool) -> Any:
     array = _to_numpy(t, copy)
-    spec["shape"] = list(array.shape[1:])
-    return (array if array.ndim == 1 else _object_column(array, len(array))), spec
+    return array if array.ndim == 1 else _object_column(array, len(array))
 
 
-def _numpy_column(name: str, values: Any, copy: bool) -> tuple[Any, dict]:
-    """One ``non_tensor_batch`` array as a column and its record."""
-    if not isinstance(values, np.ndarray) or values.ndim == 0:
-        raise column_error(EncodeError, name, f"expected a numpy array with rows on dim 0, got {type(values).__name__}")
-    spec = {"kind": _NUMPY_KIND, "dtype": _dtype_to_str(name, values.dtype), "row_shape": list(values.shape[1:])}
+def _jagged_cells(t: torch.Tensor, copy: bool) -> pd.Series:
+    values, offsets = _jagged.parts(t)
+    axis = _jagged.ragged_idx(t) - 1
+    values, bounds = _to_numpy(values, copy), offsets.tolist()
+    cells = (np.moveaxis(values[a:b], 0, axis) for a, b in zip(bounds[:-1], bounds[1:]))
+    return _object_column(cells, len(bounds) - 1)
+
+
+def _strided_cells(t: torch.Tensor, copy: bool) -> pd.Series:
+    rows = t.unbind()
+    return _object_column((_to_numpy(row, copy) for row in rows), len(rows))
+
+
+_TENSOR_CELLS: dict[str, Callable[[torch.Tensor, bool], Any]] = {
+    "tensor": _dense_cells,
+    "jagged": _jagged_cells,
+    "strided": _strided_cells,
+}
+
+
+def _array_cells(name: str, column: pa.Array, metadata: dict[str, str], copy: bool) -> Any:
+    """One ``non_tensor_batch`` column: strings in pandas' default string dtype, 1-D numbers
+    as they are, other 1-D object arrays as objects, N-D arrays as cells of rows."""
+    strings = pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
+    if metadata.get(KIND) == Object.kind and strings and not column.null_count:
+        return column.to_pandas().astype(_STRING_DTYPE)
+    values = decode_column(name, column, metadata, allow_pickle=True)  # pickles this call made
     if values.dtype == object and values.ndim == 1:
-        return pd.Series(values, dtype=object), spec
+        return pd.Series(values, dtype=object)
     if values.ndim == 1 and values.dtype.kind in "biufcmMUS":
-        return values.astype(values.dtype.newbyteorder("="), copy=False), spec
+        return values.astype(values.dtype.newbyteorder("="), copy=False)
     view = values.copy() if copy else values.view()
     view.flags.writeable = copy
-    return _object_column(view, len(view)), spec
+    return _object_column(view, len(view))
 
 
 def to_pandas(data: Any, *, copy: bool = False) -> pd.DataFrame:
     """A DataFrame with one row per sample of a DataProto (ours or verl's) or a TensorDict.
 
     See the module docstring for the columns. Plain columns are copied into the
-    frame. Array cells of CPU tensors and numpy arrays are read-only views of
+    frame. Array cells of CPU tensors and numeric numpy arrays are read-only views of
     their memory (so later in-place writes to the tensors show in the frame);
     ``copy=True`` copies each column once and gives writable cells. Dtypes shown
     widened (bfloat16, float8, complex32) and tensors on other devices are
     always converted into new memory. ``DataFrame.attrs`` holds ``meta_info``
-    (deep-copied) and the record :func:`from_pandas` restores from.
+    (a copy) and the format metadata :func:`from_pandas` restores from.
 
-    Raises :class:`EncodeError` for content a DataProto cannot hold (a
-    non-tensor value in the TensorDict, duplicate column names, columns that
-    disagree on the number of rows, an unsupported layout).
+    Raises :class:`EncodeError` for content a DataProto cannot hold (what
+    :func:`~arrow_dataproto.to_arrow` refuses: a non-tensor value in the
+    TensorDict, duplicate column names, columns that disagree on the number of
+    rows, an unsupported layout).
     """
-    batch, non_tensor, meta_info = _parts(data)
-    record: dict[str, Any] = {"version": RECORD_VERSION, "batch_size": None, "device": None, "tree": [], "columns": {}}
-    leaves: list[tuple[str, torch.Tensor]] = []
-    if batch is not None:
-        if batch.batch_dims < 1:
-            raise EncodeError("the TensorDict needs at least one batch dimension (rows)")
-        record["tree"] = _flatten(batch, "", leaves)
-        record["batch_size"] = list(batch.batch_size)
-        record["device"] = None if batch.device is None else str(batch.device)
+    record_batch = to_arrow(data)
+    schema = record_batch.schema
+    tree = Node.parse(text_metadata(schema.metadata))
+    leaves = 0 if tree is None else len(tree.leaf_names())
     columns: dict[str, Any] = {}
-    named = [(name, tensor, _tensor_column) for name, tensor in leaves]
-    named += [(str(name), values, _numpy_column) for name, values in non_tensor.items()]
-    for name, value, convert in named:
-        if name in columns:
-            raise column_error(EncodeError, name, "duplicate column name (a key both in batch and non_tensor_batch?)")
-        columns[name], record["columns"][name] = convert(name, value, copy)
-    lengths = {len(column) for column in columns.values()}
-    rows = batch.batch_size[0] if batch is not None else next(iter(lengths), 0)
-    if lengths - {rows}:
-        raise EncodeError(f"columns disagree on the number of rows: {sorted(lengths | {rows})}")
-    frame = pd.DataFrame(columns, index=pd.RangeIndex(rows))
-    frame.attrs = {META_INFO: _copy.deepcopy(meta_info), RECORD: record}
+    for i, field in enumerate(schema):
+        metadata = text_metadata(field.metadata)
+        column = record_batch.column(i)
+        if i < leaves:
+            spec = TensorSpec.parse(field.name, metadata)
+            columns[field.name] = _TENSOR_CELLS[spec.kind](decode_tensor(field.name, column, spec), copy)
+        else:
+            columns[field.name] = _array_cells(field.name, column, metadata, copy)
+    meta_info = decode_meta_info(text_metadata(schema.metadata), allow_pickle=True)  # a copy
+    frame = pd.DataFrame(columns, index=pd.RangeIndex(record_batch.num_rows))
+    frame.attrs = {META_INFO: meta_info, RECORD: _record_of(schema)}
     return frame
 
 
@@ -268,7 +332,7 @@ def _row_arrays(name: str, series: pd.Series) -> list[np.ndarray]:
         raise _fail(name, f"a cell is not an array: {e}") from e
 
 
-def _check_shapes(name: str, arrays: list[np.ndarray], shape: list[int | None]) -> None:
+def _check_shapes(name: str, arrays: list[np.ndarray], shape: tuple[int | None, ...]) -> None:
     """Each array has ``len(shape)`` dims, equal to ``shape`` where it is not None."""
 
     def fits(row_shape: tuple[int, ...]) -> bool:
@@ -281,35 +345,33 @@ def _check_shapes(name: str, arrays: list[np.ndarray], shape: list[int | None]) 
     raise _fail(name, f"row {i} has shape {arrays[i].shape}, expected ({expected}{',' * (len(shape) == 1)})")
 
 
-def _dense(name: str, series: pd.Series, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
-    """A ``[B, *shape]`` tensor from a plain column (``shape == []``) or a column of arrays."""
+def _dense(name: str, series: pd.Series, spec: TensorSpec) -> torch.Tensor:
+    """A ``[B, *shape]`` tensor from a plain column (``shape == ()``) or a column of arrays."""
     if series.dtype != object:
         values = _plain_values(name, series)
-        if shape:
-            raise _fail(name, f"holds one value per row, expected arrays of shape {tuple(shape)}")
+        if spec.shape:
+            raise _fail(name, f"holds one value per row, expected arrays of shape {spec.shape}")
     else:
         arrays = _row_arrays(name, series)
-        _check_shapes(name, arrays, shape)
-        values = np.array(arrays) if arrays else np.empty((0, *shape), dtype=_shown_dtype(dtype))
-    return _tensor(name, values, dtype)
+        _check_shapes(name, arrays, spec.shape)
+        values = np.array(arrays) if arrays else np.empty((0, *spec.shape), dtype=_numpy_dtype(spec.dtype))
+    return _tensor(name, values, spec.dtype)
 
 
-def _jagged(name: str, arrays: list[np.ndarray], dtype: torch.dtype, ragged_idx: int, shape: list) -> torch.Tensor:
+def _jagged_of(name: str, arrays: list[np.ndarray], dtype: torch.dtype, ragged_idx: int, shape: tuple) -> torch.Tensor:
     """A jagged nested tensor whose rows are ``arrays`` (shape ``shape``, None at ``ragged_idx - 1``)."""
     axis = ragged_idx - 1
     _check_shapes(name, arrays, shape)
     if arrays:
-        values = np.concatenate(arrays, axis=axis)
+        values = np.concatenate([np.moveaxis(a, axis, 0) for a in arrays])
     else:
-        values = np.empty([0 if n is None else n for n in shape], dtype=_shown_dtype(dtype))
+        values = np.empty([0] + [n for n in shape if n is not None], dtype=_numpy_dtype(dtype))
     offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
     np.cumsum([a.shape[axis] for a in arrays], out=offsets[1:])
-    return torch.nested.nested_tensor_from_jagged(
-        _tensor(name, values, dtype), torch.from_numpy(offsets), jagged_dim=ragged_idx
-    )
+    return _jagged.build(_tensor(name, values, dtype), torch.from_numpy(offsets), ragged_idx)
 
 
-def _strided(name: str, arrays: list[np.ndarray], dtype: torch.dtype) -> torch.Tensor:
+def _strided_of(name: str, arrays: list[np.ndarray], dtype: torch.dtype) -> torch.Tensor:
     """A strided nested tensor whose rows are ``arrays`` (same number of dims, any sizes)."""
     if not arrays:
         raise _fail(name, "a strided nested tensor needs at least one row")
@@ -319,33 +381,18 @@ def _strided(name: str, arrays: list[np.ndarray], dtype: torch.dtype) -> torch.T
     return torch.nested.nested_tensor([_tensor(name, np.array(a), dtype) for a in arrays], dtype=dtype)
 
 
-def _restore_tensor(name: str, series: pd.Series, spec: dict) -> torch.Tensor:
-    """The tensor of a column :func:`to_pandas` recorded (its dtype, layout and per-row shape)."""
-    kind, shape = spec.get("kind"), spec.get("shape")
-    dtype = dtype_from_name(str(spec.get("dtype")), name)
-    if not isinstance(shape, list) or not all(n is None or (type(n) is int and n >= 0) for n in shape):
-        raise column_error(DecodeError, name, f"malformed recorded shape {shape!r}")
-    if kind == "tensor" and None not in shape:
-        return _dense(name, series, dtype, shape)
-    if kind == "jagged":
-        ragged_idx = spec.get("ragged_idx")
-        if type(ragged_idx) is not int or not 1 <= ragged_idx <= len(shape) or shape[ragged_idx - 1] is not None:
-            raise column_error(DecodeError, name, f"recorded ragged_idx {ragged_idx!r} does not fit shape {shape}")
-        return _jagged(name, _row_arrays(name, series), dtype, ragged_idx, shape)
-    if kind == "strided":
-        return _strided(name, _row_arrays(name, series), dtype)
-    raise column_error(DecodeError, name, f"malformed record {spec!r}")
+_TENSOR_FROM_CELLS: dict[str, Callable[[str, pd.Series, TensorSpec], torch.Tensor]] = {
+    "tensor": _dense,
+    "jagged": lambda name, series, spec: _jagged_of(
+        name, _row_arrays(name, series), spec.dtype, spec.ragged_idx or 1, spec.shape
+    ),
+    "strided": lambda name, series, spec: _strided_of(name, _row_arrays(name, series), spec.dtype),
+}
 
 
-def _restore_numpy(name: str, series: pd.Series, spec: dict) -> np.ndarray:
-    """The numpy array of a ``non_tensor_batch`` column :func:`to_pandas` recorded, in its recorded dtype."""
-    row_shape = spec.get("row_shape")
-    try:
-        dtype = _dtype_from_str(str(spec.get("dtype")))
-    except (TypeError, ValueError) as e:
-        raise column_error(DecodeError, name, f"malformed recorded dtype {spec.get('dtype')!r}") from e
-    if not isinstance(row_shape, list) or not all(type(n) is int and n >= 0 for n in row_shape):
-        raise column_error(DecodeError, name, f"malformed recorded row shape {row_shape!r}")
+def _restore_array(name: str, series: pd.Series, spec: ArraySpec) -> np.ndarray:
+    """The numpy array of a ``non_tensor_batch`` column in its recorded dtype."""
+    dtype, row_shape = spec.dtype, spec.row_shape
     if row_shape:
         arrays = _row_arrays(name, series)
         _check_shapes(name, arrays, row_shape)
@@ -366,14 +413,14 @@ def _infer(name: str, series: pd.Series) -> torch.Tensor | np.ndarray:
     nested tensors, anything else a ``non_tensor_batch`` array (see :func:`from_pandas`)."""
     dtype = series.dtype
     numeric = getattr(dtype, "numpy_dtype", dtype)
-    if isinstance(numeric, np.dtype) and numeric.newbyteorder("=") in _TENSOR_NUMPY_DTYPES:
+    if isinstance(numeric, np.dtype) and _is_tensor_dtype(numeric):
         if isinstance(dtype, np.dtype) or not series.isna().any():
             values = _plain_values(name, series)
             return _tensor(name, values, _torch_dtype(values.dtype.newbyteorder("=")))
     elif isinstance(dtype, np.dtype) and dtype != object:  # datetimes, long doubles, bytes
         return series.to_numpy(copy=True)
     cells = series.to_numpy(dtype=object, na_value=None, copy=True)
-    arrays = [c for c in cells if isinstance(c, np.ndarray) and c.dtype.newbyteorder("=") in _TENSOR_NUMPY_DTYPES]
+    arrays = [c for c in cells if isinstance(c, np.ndarray) and _is_tensor_dtype(c.dtype)]
     if not cells.size or len(arrays) != len(cells) or len({a.ndim for a in arrays}) > 1:
         return cells
     torch_dtype = _torch_dtype(np.result_type(*{a.dtype for a in arrays}).newbyteorder("="))
@@ -382,76 +429,50 @@ def _infer(name: str, series: pd.Series) -> torch.Tensor | np.ndarray:
         return _tensor(name, np.array(arrays), torch_dtype)
     varying = [axis for axis in range(arrays[0].ndim) if len({s[axis] for s in shapes}) > 1]
     if len(varying) == 1:
-        shape = [None if axis == varying[0] else n for axis, n in enumerate(arrays[0].shape)]
-        return _jagged(name, arrays, torch_dtype, varying[0] + 1, shape)
-    return _strided(name, arrays, torch_dtype)
+        shape = tuple(None if axis == varying[0] else n for axis, n in enumerate(arrays[0].shape))
+        return _jagged_of(name, arrays, torch_dtype, varying[0] + 1, shape)
+    return _strided_of(name, arrays, torch_dtype)
 
 
-def _record(attrs: dict) -> dict | None:
-    """The record :func:`to_pandas` left in ``attrs``, checked; None if there is none."""
-    record = attrs.get(RECORD)
-    if record is None:
-        return None
-    where = f"DataFrame.attrs[{RECORD!r}]"
-    if not isinstance(record, dict) or record.get("version") != RECORD_VERSION:
-        raise DecodeError(f"{where} is not a version-{RECORD_VERSION} record made by to_pandas")
-    batch_size, device = record.get("batch_size"), record.get("device")
-    if batch_size is not None and not (
-        isinstance(batch_size, list) and batch_size and all(type(n) is int and n >= 0 for n in batch_size)
-    ):
-        raise DecodeError(f"{where}: malformed batch_size {batch_size!r}")
-    if device is not None and not isinstance(device, str):
-        raise DecodeError(f"{where}: malformed device {device!r}")
-    _count_leaves(record.get("tree"))
-    columns = record.get("columns")
-    if not isinstance(columns, dict) or not all(isinstance(spec, dict) for spec in columns.values()):
-        raise DecodeError(f"{where}: malformed column records")
-    return record
+def _is_tensor_dtype(dtype: np.dtype) -> bool:
+    """Whether numpy ``dtype`` becomes a tensor (a torch dtype numpy has, any byte order)."""
+    try:
+        return _torch_dtype(dtype.newbyteorder("=")) in NUMPY_NATIVE
+    except TypeError:
+        return False
 
 
-def _prune(tree: list, prefix: str, present: dict, rows: int, order: list[str]) -> list:
-    """``tree`` without the leaves absent from ``present``, its batch sizes set to ``rows`` rows;
-    appends the kept leaves' column names to ``order``."""
-    kept: list = []
-    for entry in tree:
-        if isinstance(entry, str):
-            if prefix + entry in present:
-                kept.append(entry)
-                order.append(prefix + entry)
-        else:
-            key, size, device, subtree = entry
-            kept.append([key, [rows, *size[1:]], device, _prune(subtree, f"{prefix}{key}.", present, rows, order)])
-    return kept
-
-
-def _batch(
-    record: dict | None, tensors: dict[str, torch.Tensor], rows: int, placement: _Placement
-) -> TensorDict | None:
-    """The TensorDict: the recorded tree with the columns still present, then the other tensor
-    columns at the top level."""
-    if record is not None and record["batch_size"] is not None:
-        order: list[str] = []
-        tree = _prune(record["tree"], "", tensors, rows, order)
-        batch_size = [rows, *record["batch_size"][1:]]
-        batch = _unflatten(tree, batch_size, record["device"], iter([tensors.pop(n) for n in order]), placement)
-    elif tensors:
-        batch = TensorDict({}, batch_size=[rows], device=placement(None))
-    else:
-        return None
-    for name, tensor in tensors.items():
-        if name in batch.keys():
-            raise _fail(name, "clashes with a nested TensorDict of the same name")
+def _column(
+    name: str, series: pd.Series, metadata: dict[str, str] | None
+) -> tuple[pa.Array, dict[str, str], bool]:
+    """One frame column as an Arrow column, its field metadata, and whether it is a tensor."""
+    if not metadata:
+        value = _infer(name, series)
+        if isinstance(value, torch.Tensor):
+            array, spec = encode_tensor(name, value)
+            return array, spec.metadata(), True
+        array, field_meta = encode_column(name, value)
+        return array, field_meta, False
+    kind = metadata.get(KIND)
+    if kind in TENSOR_KINDS:
+        spec = TensorSpec.parse(name, metadata)
+        array, built = encode_tensor(name, _TENSOR_FROM_CELLS[spec.kind](name, series, spec))
+        return array, replace(built, device=spec.device).metadata(), True
+    if kind in ARRAY_KINDS:
         try:
-            batch[name] = tensor
-        except (RuntimeError, ValueError) as e:
-            raise _fail(name, f"does not fit batch_size {list(batch.batch_size)}: {e}") from e
-    return batch
+            spec_array = ArraySpec.parse(metadata)
+        except (KeyError, TypeError, ValueError) as e:
+            raise column_error(DecodeError, name, f"malformed column record: {e!r}") from None
+        array, field_meta = encode_column(name, _restore_array(name, series, spec_array))
+        return array, field_meta, False
+    raise column_error(DecodeError, name, f"unknown recorded kind {kind!r}")
 
 
 def from_pandas(df: pd.DataFrame, *, device: str | torch.device | None = None) -> DataProto:
     """Rebuild a :class:`~arrow_dataproto.DataProto` from a DataFrame, one sample per row.
 
-    Every tensor and array is new memory (nothing views the frame). The index is
+    The frame becomes an Arrow RecordBatch, decoded by the codec. Every tensor
+    and array is new, writable memory (nothing views the frame). The index is
     ignored; rows keep the frame's order.
 
     A frame made by :func:`to_pandas` (``attrs`` intact) comes back exactly:
@@ -470,7 +491,7 @@ def from_pandas(df: pd.DataFrame, *, device: str | torch.device | None = None) -
     (datetimes as numpy datetimes, the rest as object arrays with missing values
     as ``None``). Inferred tensors sit at the top level of the TensorDict, named
     as the columns (a dot is not taken as nesting); batch size ``[len(df)]``.
-    ``attrs["meta_info"]`` (deep-copied) becomes ``meta_info``.
+    ``attrs["meta_info"]`` (copied) becomes ``meta_info``.
 
     ``device`` places every tensor there; otherwise each goes to its recorded
     device, or to the CPU with one ``RuntimeWarning`` if this process lacks it.
@@ -482,7 +503,8 @@ def from_pandas(df: pd.DataFrame, *, device: str | torch.device | None = None) -
     """
     if not isinstance(df, pd.DataFrame):
         raise EncodeError(f"expected a pandas DataFrame, got {type(df).__name__}")
-    record = _record(df.attrs)
+    recorded = _read_record(df.attrs)
+    tree, specs = recorded if recorded is not None else (None, {})
     meta_info = df.attrs.get(META_INFO, {})
     if not isinstance(meta_info, dict):
         raise EncodeError(f"DataFrame.attrs[{META_INFO!r}] must be a dict, got {type(meta_info).__name__}")
@@ -490,27 +512,44 @@ def from_pandas(df: pd.DataFrame, *, device: str | torch.device | None = None) -
     if len(set(names)) != len(names):
         raise EncodeError(f"duplicate column names {sorted({n for n in names if names.count(n) > 1})}")
 
-    specs = record["columns"] if record is not None else {}
-    placement = _Placement(device)
-    tensors: dict[str, torch.Tensor] = {}
-    non_tensor: dict[str, np.ndarray] = {}
+    rows = len(df)
+    tensors: dict[str, tuple[pa.Array, dict[str, str]]] = {}
+    arrays: dict[str, tuple[pa.Array, dict[str, str]]] = {}
     frame = pd.DataFrame(df, copy=False)  # without attrs, which pandas deep-copies into every column taken
     for name, (_, series) in zip(names, frame.items()):
-        spec = specs.get(name, {})
-        if not spec:
-            value = _infer(name, series)
-        elif spec.get("kind") == _NUMPY_KIND:
-            value = _restore_numpy(name, series, spec)
-        elif spec.get("kind") in _TENSOR_KINDS:
-            value = _restore_tensor(name, series, spec)
-        else:
-            raise column_error(DecodeError, name, f"unknown recorded kind {spec.get('kind')!r}")
-        if isinstance(value, torch.Tensor):
-            recorded = spec.get("device")
-            target = placement(recorded if isinstance(recorded, str) else None)
-            tensors[name] = value if target is None or target.type == "cpu" else value.to(target)
-        else:
-            non_tensor[name] = value
-    batch = _batch(record, tensors, len(df), placement)
-    placement.warn()
-    return DataProto(batch, non_tensor, _copy.deepcopy(meta_info))
+        array, field_meta, is_tensor = _column(name, series, specs.get(name))
+        (tensors if is_tensor else arrays)[name] = (array, field_meta)
+
+    # The recorded tree with the leaves still present, then the other tensor columns at its top level.
+    if tree is not None:
+        tree = tree.select(set(tensors), prune=False).with_rows(rows)
+    elif tensors:
+        tree = Node("", (rows,), None, ())
+    added: list[str] = []
+    if tree is not None:
+        recorded_leaves = set(tree.leaf_names())
+        added = [name for name in tensors if name not in recorded_leaves]
+        nested = {e.key for e in tree.entries if isinstance(e, Node)}
+        for name in added:
+            if name in nested:
+                raise _fail(name, "clashes with a nested TensorDict of the same name")
+        tree = Node("", tree.batch_size, tree.device, tree.entries + tuple(added))
+    order = [] if tree is None else tree.leaf_names()
+    metadata = {FORMAT: FORMAT_NAME, VERSION: version_text()}
+    metadata.update(Node.empty_metadata() if tree is None else tree.metadata())
+    try:
+        metadata.update(encode_meta_info(meta_info))
+    except EncodeError as e:
+        raise EncodeError(f"DataFrame.attrs[{META_INFO!r}]: {e}") from None
+    columns = [(n, *tensors[n]) for n in order] + [(n, *arrays[n]) for n in arrays]
+    fields = [pa.field(n, a.type, metadata=m) for n, a, m in columns]
+    record_batch = record_batch_of([a for _, a, _ in columns], pa.schema(fields, metadata=metadata), rows)
+    try:
+        batch, non_tensor, decoded_meta_info = decode(record_batch, device=device, allow_pickle=True)
+    except DecodeError as e:  # an added column that does not fit a batch of several dimensions
+        if tree is not None and len(tree.batch_size) > 1 and added:
+            raise EncodeError(f"columns {added} do not fit batch_size {list(tree.batch_size)}: {e}") from None
+        raise
+    # Numeric arrays decode as read-only views of the batch just built: give them their own memory.
+    non_tensor = {k: v if v.flags.writeable else v.copy() for k, v in non_tensor.items()}
+    return DataProto(batch=batch, non_tensor_batch=non_tensor, meta_info=decoded_meta_info)
