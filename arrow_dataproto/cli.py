@@ -167,9 +167,9 @@ class _VerlDataProto:
     """
 
     def __setstate__(self, state: Any) -> None:
-        from .integrations.verl import _setstate
+        from .integrations.verl import load_state
 
-        _setstate(self, state)
+        load_state(self, state)
 
 
 class _VerlUnpickler(pickle.Unpickler):

@@ -66,6 +66,7 @@ __all__ = [
     "install",
     "install_from_env",
     "is_installed",
+    "load_state",
     "rebuild",
     "uninstall",
     "verl_dataproto_class",
@@ -108,7 +109,7 @@ def install(cls: type | None = None) -> type:
     if cls not in _originals:
         _originals[cls] = {name: cls.__dict__.get(name, _ABSENT) for name in _PATCHED}
         cls.__reduce_ex__ = _reduce_ex
-        cls.__setstate__ = _setstate
+        cls.__setstate__ = load_state
         cls.__copy__ = _copy
         cls.__deepcopy__ = _deepcopy
     return cls
@@ -182,8 +183,10 @@ def _deepcopy(self, memo: dict) -> Any:
 # ---------------------------------------------------------------- states pickled by an unpatched verl
 
 
-def _setstate(self, state: Any) -> None:
-    """Load a state pickled by an unpatched verl: ``(encoded_batch, non_tensor_batch, meta_info)``.
+def load_state(self: Any, state: Any) -> None:
+    """Set ``self``'s three fields from a state pickled by an unpatched verl:
+    ``(encoded_batch, non_tensor_batch, meta_info)`` (the patched ``__setstate__``; any
+    object with the three attributes will do, verl need not be installed).
 
     ``encoded_batch`` is ``torch.save`` bytes (verl's default mode), a
     ``(batch_size, device, items)`` tuple (its numpy mode) or ``None``. Tensors
