@@ -71,7 +71,6 @@ from ._format import (
     Node,
     TensorSpec,
     check_schema,
-    numpy_dtype_of,
     text_metadata,
     version_text,
 )

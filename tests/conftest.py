@@ -1,10 +1,4 @@
-import os
-import sys
-
 import pytest
-
-# Make tests/utils.py importable as `utils` from every test module.
-sys.path.insert(0, os.path.dirname(__file__))
 
 
 @pytest.fixture(scope="session")

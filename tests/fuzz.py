@@ -30,15 +30,15 @@ lengths, null counts, offsets, truncated/flipped/missing buffers and
 children, swapped or dropped columns. One case is one structural or byte
 mutation, sometimes followed by one or two byte (or state) mutations.
 
-Seeds (:data:`SEEDS`): the PPO sample of ``tests/utils.py``, a chunk of one,
-the golden ``kinds`` and ``pickled`` batches of ``scripts/make_golden.py``
+Seeds (:data:`SEEDS`): the PPO sample of :mod:`arrow_dataproto.testing`, a chunk of one,
+the golden ``kinds`` and ``pickled`` batches of ``tests/golden.py``
 (every column kind), a nested TensorDict alone, zero-size dimensions, and a
 batch without tensors.
 
 Outcomes. Allowed:
 
 ``exact``
-    the decode is bit-equal to the seed (``tests/utils.assert_dataproto_equal``);
+    the decode is bit-equal to the seed (``arrow_dataproto.testing.assert_dataproto_equal``);
 ``valid``
     the decode differs (the mutation produced another valid payload, e.g. a
     flipped bit in tensor data: Arrow IPC carries no checksum) and is
@@ -60,8 +60,8 @@ swamping the machine.
 
 Usage::
 
-    python benchmarks/fuzz.py --cases 100000 --jobs 2       # writes benchmarks/results/fuzz.md
-    python benchmarks/fuzz.py --replay 1234                 # rerun case 1234 here, with a traceback
+    python tests/fuzz.py --cases 100000 --jobs 2       # writes benchmarks/results/fuzz.md
+    python tests/fuzz.py --replay 1234                 # rerun case 1234 here, with a traceback
 
 The run is deterministic: case ``n`` of a given ``--seed`` and ``--targets``
 is always the same input.
@@ -96,21 +96,18 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+import pyarrow as pa
+import torch
+from golden import kinds_dataproto, pickled_dataproto  # tests/golden.py, next to this file
+from tensordict import TensorDict
+
+import arrow_dataproto as adp
+from arrow_dataproto import files as adp_files
+from arrow_dataproto import pickling
+from arrow_dataproto.testing import assert_dataproto_equal, sample_dataproto
+
 ROOT = Path(__file__).resolve().parents[1]
-for _path in (str(ROOT), str(ROOT / "tests"), str(ROOT / "scripts")):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
-
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import torch  # noqa: E402
-from tensordict import TensorDict  # noqa: E402
-from make_golden import kinds_dataproto, pickled_dataproto  # noqa: E402  (scripts/make_golden.py)
-from utils import assert_dataproto_equal, sample_dataproto  # noqa: E402  (tests/utils.py)
-
-import arrow_dataproto as adp  # noqa: E402
-from arrow_dataproto import files as adp_files  # noqa: E402
-from arrow_dataproto import pickling  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 CASE_TIMEOUT_S = 20.0
@@ -767,7 +764,7 @@ class Worker:
         try:
             self._wait(WORKER_START_TIMEOUT_S)  # "ready"
         except (TimeoutError, EOFError):
-            raise RuntimeError("the fuzz worker did not start: run `python benchmarks/fuzz.py --worker` to see why") from None
+            raise RuntimeError("the fuzz worker did not start: run `python tests/fuzz.py --worker` to see why") from None
 
     def _wait(self, timeout: float) -> Any:
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
@@ -906,7 +903,7 @@ def write_summary(summary: Summary, path: Path, command: str, wall: float, jobs:
         f"worker restarts {summary.restarts}.  ",
         f"Findings (crashes, hangs, unexpected exceptions, inconsistent decodes): **{len(summary.findings)}**.",
         "",
-        "Outcomes by target (see the docstring of `benchmarks/fuzz.py` for their definitions):",
+        "Outcomes by target (see the docstring of `tests/fuzz.py` for their definitions):",
         "",
         "| target | " + " | ".join(outcomes) + " | total |",
         "|---|" + "---:|" * (len(outcomes) + 1),
@@ -959,7 +956,7 @@ def main(argv: list[str] | None = None) -> int:
         for part in pool.map(_shard, shards):
             summary.add(part)
     wall = time.time() - started
-    command = "python benchmarks/fuzz.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python tests/fuzz.py " + " ".join(argv if argv is not None else sys.argv[1:])
     write_summary(summary, args.out, command.strip(), wall, args.jobs, names)
     print(args.out.read_text())
     return 1 if summary.findings else 0

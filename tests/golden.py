@@ -17,14 +17,14 @@ Each DataProto of :data:`GOLDEN` is written three ways (``V`` is the format vers
 ``golden-vV.json`` records the format version, the library and dependency versions that
 wrote the files, and each file's size and SHA-256.
 
-The builders in :data:`GOLDEN` (and ``sample_dataproto`` in ``tests/utils.py``, which one of
+The builders in :data:`GOLDEN` (and ``sample_dataproto`` in :mod:`arrow_dataproto.testing`, which one of
 them calls) define what the committed payloads must decode to: do not change them; add a new
 builder for new content.
 
 Usage::
 
-    python scripts/make_golden.py            # tests/data/golden-v1.0-* (refuses if they exist)
-    python scripts/make_golden.py --force    # overwrite: only before a version's files are committed
+    python tests/golden.py            # tests/data/golden-v1.0-* (refuses if they exist)
+    python tests/golden.py --force    # overwrite: only before a version's files are committed
 """
 
 from __future__ import annotations
@@ -36,21 +36,17 @@ import pickle
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT / "tests") not in sys.path:
-    sys.path.insert(0, str(ROOT / "tests"))
+import numpy as np
+import pyarrow as pa
+import tensordict
+import torch
+from tensordict import TensorDict
 
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import tensordict  # noqa: E402
-import torch  # noqa: E402
-from tensordict import TensorDict  # noqa: E402
-from utils import sample_dataproto  # noqa: E402  (tests/utils.py)
+import arrow_dataproto as adp
+from arrow_dataproto import files
+from arrow_dataproto.testing import sample_dataproto
 
-import arrow_dataproto as adp  # noqa: E402
-from arrow_dataproto import files  # noqa: E402
-
-DATA = ROOT / "tests" / "data"
+DATA = Path(__file__).resolve().parent / "data"
 
 
 def kinds_dataproto() -> adp.DataProto:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
-from utils import assert_dataproto_equal, sample_dataproto
+from arrow_dataproto.testing import assert_dataproto_equal, sample_dataproto
 
 from arrow_dataproto import DataProto
 from arrow_dataproto.cli import main

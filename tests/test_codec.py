@@ -4,16 +4,14 @@ Round trips are bit-exact (NaN payloads included) and keep dtype, shape, layout,
 ragged dimension, device and key order. Property-based cases cover every dtype in
 the storage table, ranks 1-4 with zero-size dimensions, batch sizes of rank 2,
 nested TensorDicts, jagged tensors (ragged_idx 1-3), strided nested tensors and
-non-tensor values; named cases cover what the format promises (zero-copy, exported
-bytes, schema metadata, devices, errors). The strategies here are shared with
-``test_pickling.py``.
+non-tensor values (strategies: :mod:`arrow_dataproto.testing.strategies`); named cases
+cover what the format promises (zero-copy, exported bytes, schema metadata, devices, errors).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import math
 import random
 import warnings
 
@@ -27,160 +25,14 @@ from tensordict import TensorDict
 
 import arrow_dataproto as adp
 from arrow_dataproto._dtypes import STORAGE
-from utils import assert_dataproto_equal, assert_tensor_equal, sample_dataproto
+from arrow_dataproto.testing import assert_dataproto_equal, assert_tensor_equal, sample_dataproto
+from arrow_dataproto.testing.strategies import DTYPES, dataprotos, random_bits, seeds
 
 pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental:UserWarning")
 
-DTYPES = sorted(STORAGE, key=str)
 PROPERTY_SETTINGS = settings(
     max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
-
-
-# ---------------------------------------------------------------- strategies (shared with test_pickling.py)
-
-
-def random_bits(dtype: torch.dtype, shape, seed: int) -> torch.Tensor:
-    """A contiguous tensor of ``shape`` with random bytes (every NaN payload is possible); bool holds 0/1."""
-    nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes == 0:
-        return torch.empty(shape, dtype=dtype)
-    raw = torch.from_numpy(np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8))
-    if dtype == torch.bool:
-        raw &= 1  # any other byte is not a valid torch bool
-    return raw.view(dtype).view(*shape)
-
-
-def _strided_nested_ok(dtype: torch.dtype) -> bool:
-    try:
-        torch.nested.nested_tensor([torch.zeros(1, dtype=torch.uint8).view(dtype)] * 2)
-    except RuntimeError:
-        return False
-    return True
-
-
-STRIDED_DTYPES = [d for d in DTYPES if _strided_nested_ok(d)]  # torch cannot build the others
-seeds = st.integers(0, 2**32 - 1)
-
-
-@st.composite
-def dense_tensors(draw, batch_size: list[int]) -> torch.Tensor:
-    """A dense tensor ``[*batch_size, ...]`` of rank <= 4, contiguous or a non-contiguous view."""
-    dtype = draw(st.sampled_from(DTYPES))
-    shape = [*batch_size, *draw(st.lists(st.integers(0, 3), max_size=4 - len(batch_size)))]
-    seed = draw(seeds)
-    kind = draw(st.sampled_from(["contiguous", "permuted", "row_step", "expanded"]))
-    if kind == "permuted":  # every stride reversed
-        return random_bits(dtype, shape[::-1], seed).permute(*reversed(range(len(shape))))
-    if kind == "row_step":  # every other row of a bigger tensor
-        return random_bits(dtype, [2 * shape[0], *shape[1:]], seed)[::2]
-    if kind == "expanded":  # one row repeated with stride 0
-        return random_bits(dtype, [1, *shape[1:]], seed).expand(*shape)
-    return random_bits(dtype, shape, seed)
-
-
-@st.composite
-def jagged_tensors(draw, rows: int) -> torch.Tensor:
-    """A jagged nested tensor with ``rows`` rows, ragged dimension 1, 2 or 3, any dtype."""
-    dtype = draw(st.sampled_from(DTYPES))
-    ragged_idx = draw(st.integers(1, 3))
-    other = draw(st.lists(st.integers(0, 3), min_size=ragged_idx - 1, max_size=3))
-    lengths = draw(st.lists(st.integers(0, 4), min_size=rows, max_size=rows))
-    offsets = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int64)
-    values = random_bits(dtype, [int(offsets[-1]), *other], draw(seeds)).movedim(0, ragged_idx - 1)
-    if draw(st.booleans()):
-        values = values.contiguous()
-    return torch.nested.nested_tensor_from_jagged(values, offsets, jagged_dim=ragged_idx)
-
-
-@st.composite
-def strided_nested_tensors(draw, rows: int) -> torch.Tensor:
-    """A strided-layout nested tensor: ``rows`` rows of one rank (1-3) but any shape."""
-    dtype = draw(st.sampled_from(STRIDED_DTYPES))
-    ndim = draw(st.integers(1, 3))
-    shapes = draw(st.lists(st.lists(st.integers(0, 3), min_size=ndim, max_size=ndim), min_size=rows, max_size=rows))
-    return torch.nested.nested_tensor([random_bits(dtype, s, draw(seeds)) for s in shapes], dtype=dtype)
-
-
-@st.composite
-def tensordicts(draw, batch_size: list[int], depth: int = 0) -> TensorDict:
-    """A TensorDict of dense, nested (when the batch has one dimension) and sub-TensorDict leaves."""
-    keys = draw(st.lists(st.text("abcdefgh_", min_size=1, max_size=3), max_size=4, unique=True))
-    kinds = ["dense"] + (["jagged", "strided"] if len(batch_size) == 1 else []) + (["td"] if depth < 2 else [])
-    content = {}
-    for key in keys:  # the drawn order, not sorted: key order must survive
-        kind = draw(st.sampled_from(kinds))
-        if kind == "dense":
-            content[key] = draw(dense_tensors(batch_size))
-        elif kind == "jagged":
-            content[key] = draw(jagged_tensors(batch_size[0]))
-        elif kind == "strided":
-            content[key] = draw(strided_nested_tensors(batch_size[0]))
-        else:
-            sub_size = batch_size + draw(st.lists(st.integers(0, 2), max_size=1 if len(batch_size) < 2 else 0))
-            content[key] = draw(tensordicts(sub_size, depth + 1))
-    return TensorDict(content, batch_size=batch_size, device=draw(st.sampled_from([None, "cpu"])))
-
-
-def _object_column(values: list) -> np.ndarray:
-    column = np.empty(len(values), dtype=object)
-    column[:] = values
-    return column
-
-
-_json_scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), st.floats(allow_nan=False), st.text(max_size=5)
-)
-_row_values = st.sampled_from(
-    [
-        st.text(max_size=6),
-        st.integers(-(2**63), 2**63 - 1),
-        st.floats(),
-        st.booleans(),
-        st.one_of(st.none(), st.text(max_size=3)),
-        st.lists(st.integers(-100, 100), max_size=3),
-        st.fixed_dictionaries({"k": st.text(max_size=3), "v": st.floats(allow_nan=False)}),
-    ]
-)
-
-
-@st.composite
-def non_tensor_columns(draw, rows: int) -> dict[str, np.ndarray]:
-    """Object columns (one Python type per column) and numeric numpy columns of any row shape."""
-    columns = {}
-    for i in range(draw(st.integers(0, 3))):
-        if draw(st.booleans()):
-            values = draw(st.lists(draw(_row_values), min_size=rows, max_size=rows))
-            columns[f"O{i}"] = _object_column(values)
-        else:
-            dtype = draw(st.sampled_from(["int8", "int64", "uint16", "float32", "float64", "bool"]))
-            shape = [rows, *draw(st.lists(st.integers(0, 3), max_size=2))]
-            high = 2 if dtype == "bool" else 256  # random bits; numpy bools hold 0 or 1
-            raw = np.random.default_rng(draw(seeds)).integers(0, high, math.prod(shape) * np.dtype(dtype).itemsize)
-            columns[f"N{i}"] = raw.astype(np.uint8).view(dtype).reshape(shape)
-    return columns
-
-
-meta_infos = st.dictionaries(
-    st.text(max_size=4),
-    st.recursive(
-        _json_scalars,
-        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
-        max_leaves=6,
-    ),
-    max_size=4,
-)
-
-
-@st.composite
-def dataprotos(draw) -> adp.DataProto:
-    """A DataProto with or without a batch (rank 1 or 2), non-tensor columns and JSON meta_info."""
-    rows = draw(st.integers(0, 5))
-    batch = None
-    if draw(st.integers(0, 4)):  # mostly with a batch
-        batch_size = [rows, *draw(st.lists(st.integers(0, 3), max_size=1))]
-        batch = draw(tensordicts(batch_size))
-    return adp.DataProto(batch, draw(non_tensor_columns(rows)), draw(meta_infos))
 
 
 # ---------------------------------------------------------------- helpers

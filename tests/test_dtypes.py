@@ -13,7 +13,7 @@ from tensordict import TensorDict
 
 import arrow_dataproto as adp
 from arrow_dataproto._dtypes import STORAGE, dtype_from_name, dtype_name, storage_of
-from utils import assert_tensor_equal
+from arrow_dataproto.testing import assert_tensor_equal
 
 pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental:UserWarning")
 

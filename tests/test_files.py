@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 import torch
 from tensordict import TensorDict
-from utils import assert_dataproto_equal, sample_dataproto
+from arrow_dataproto.testing import assert_dataproto_equal, sample_dataproto
 
 from arrow_dataproto import DataProto, to_arrow, to_ipc
 from arrow_dataproto.errors import (

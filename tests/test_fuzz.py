@@ -1,6 +1,6 @@
 """Hostile bytes: a short deterministic fuzz run, and regression tests for what the fuzzer found.
 
-The fuzzer is ``benchmarks/fuzz.py`` (its docstring defines the targets, the mutations and
+The fuzzer is ``tests/fuzz.py`` (its docstring defines the targets, the mutations and
 the allowed outcomes); its long run (>= 100,000 cases) writes ``benchmarks/results/fuzz.md``.
 Every input that once crashed or escaped with a foreign exception is decoded here in the
 fuzzer's worker subprocess, so that a regression shows as a failed test, not a dead pytest.
@@ -11,22 +11,16 @@ from __future__ import annotations
 import copy
 import json
 import pickle
-import sys
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
 import torch
 from tensordict import TensorDict
 
-ROOT = str(Path(__file__).resolve().parents[1])
-if ROOT not in sys.path:  # benchmarks/ is a plain folder at the repository root
-    sys.path.insert(0, ROOT)
+import fuzz  # tests/fuzz.py
 
-from benchmarks import fuzz  # noqa: E402
-from utils import assert_dataproto_equal, sample_dataproto  # noqa: E402
-
-import arrow_dataproto as adp  # noqa: E402
+import arrow_dataproto as adp
+from arrow_dataproto.testing import assert_dataproto_equal, sample_dataproto
 
 SHORT_RUN = 400  # cases: a few seconds once the worker is up
 

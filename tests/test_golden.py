@@ -1,7 +1,7 @@
 """Compatibility: payloads written by every format version so far keep decoding.
 
 ``tests/data/golden-v<MAJOR>.<MINOR>-<name>.{arrows,pkl,arrow}`` are written once per format
-version by ``scripts/make_golden.py`` (an IPC stream, a protocol-5 pickle with its buffers
+version by ``tests/golden.py`` (an IPC stream, a protocol-5 pickle with its buffers
 inline, an Arrow file) and never regenerated. Each is decoded here and compared bit for bit
 with the DataProto rebuilt by the same deterministic builder (golden payloads of another
 major version must raise ``FormatVersionError`` instead). The versioning rule (a reader
@@ -13,22 +13,16 @@ from __future__ import annotations
 import hashlib
 import json
 import pickle
-import sys
 import warnings
 from pathlib import Path
 
+import golden
 import pyarrow as pa
 import pytest
-from utils import assert_dataproto_equal
 
 import arrow_dataproto as adp
 from arrow_dataproto import files
-
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT / "scripts") not in sys.path:
-    sys.path.insert(0, str(ROOT / "scripts"))
-
-import make_golden  # noqa: E402  (scripts/make_golden.py)
+from arrow_dataproto.testing import assert_dataproto_equal
 
 DATA = Path(__file__).parent / "data"
 MANIFESTS = sorted(DATA.glob("golden-v*.json"))
@@ -54,20 +48,20 @@ def test_golden_payload_decodes_exactly(path):
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # no "device not available" fallback on the way
         decoded = _decode(path)
-    assert_dataproto_equal(make_golden.GOLDEN[name](), decoded)
+    assert_dataproto_equal(golden.GOLDEN[name](), decoded)
 
 
 def test_current_version_has_golden_payloads():
-    """Bumping FORMAT_VERSION without running scripts/make_golden.py fails here."""
-    current = DATA / f"{make_golden.prefix()}.json"
-    assert current in MANIFESTS, f"run scripts/make_golden.py to write {current.name}"
+    """Bumping FORMAT_VERSION without running scripts/golden.py fails here."""
+    current = DATA / f"{golden.prefix()}.json"
+    assert current in MANIFESTS, f"run scripts/golden.py to write {current.name}"
 
 
 @pytest.mark.parametrize("manifest", MANIFESTS, ids=lambda p: p.name)
 def test_golden_payloads_are_the_committed_bytes(manifest):
     """Every payload a manifest lists is present, unchanged (not regenerated), and small."""
     entries = json.loads(manifest.read_text())["files"]
-    assert len(entries) == 3 * len(make_golden.GOLDEN)
+    assert len(entries) == 3 * len(golden.GOLDEN)
     for name, entry in entries.items():
         data = (DATA / name).read_bytes()
         assert hashlib.sha256(data).hexdigest() == entry["sha256"], name
@@ -75,7 +69,7 @@ def test_golden_payloads_are_the_committed_bytes(manifest):
 
 
 def test_pickled_payloads_are_refused_without_allow_pickle():
-    stem = make_golden.prefix()
+    stem = golden.prefix()
     with pytest.raises(adp.PickleNotAllowedError):
         adp.from_ipc((DATA / f"{stem}-pickled.arrows").read_bytes())
     with pytest.raises(adp.PickleNotAllowedError):
@@ -110,8 +104,8 @@ def _file_with_version(path: Path, out: Path, version: str) -> Path:
 
 
 def test_a_newer_minor_version_decodes(tmp_path):
-    stem = make_golden.prefix()
-    expected = make_golden.GOLDEN["sample"]()
+    stem = golden.prefix()
+    expected = golden.GOLDEN["sample"]()
     minor = "%d.99" % adp.FORMAT_VERSION[0]
     assert_dataproto_equal(expected, adp.from_ipc(_stream_with_version(DATA / f"{stem}-sample.arrows", minor)))
     copy = _file_with_version(DATA / f"{stem}-sample.arrow", tmp_path / "minor.arrow", minor)
@@ -120,7 +114,7 @@ def test_a_newer_minor_version_decodes(tmp_path):
 
 @pytest.mark.parametrize("major", [adp.FORMAT_VERSION[0] + 1, adp.FORMAT_VERSION[0] - 1])
 def test_another_major_version_is_refused(tmp_path, major):
-    stem = make_golden.prefix()
+    stem = golden.prefix()
     version = f"{major}.0"
     with pytest.raises(adp.FormatVersionError, match=version):
         adp.from_ipc(_stream_with_version(DATA / f"{stem}-sample.arrows", version))
@@ -132,4 +126,4 @@ def test_another_major_version_is_refused(tmp_path, major):
 @pytest.mark.parametrize("version", ["1", "1.x", "", "v1.0"])
 def test_a_malformed_version_is_refused(version):
     with pytest.raises(adp.DecodeError, match="version"):
-        adp.from_ipc(_stream_with_version(DATA / f"{make_golden.prefix()}-sample.arrows", version))
+        adp.from_ipc(_stream_with_version(DATA / f"{golden.prefix()}-sample.arrows", version))

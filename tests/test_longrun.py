@@ -27,7 +27,7 @@ import time
 import psutil
 import pytest
 import torch
-from utils import assert_dataproto_equal
+from arrow_dataproto.testing import assert_dataproto_equal
 
 from arrow_dataproto import DataProto, transport
 from arrow_dataproto.samples import nbytes, ppo_batch

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 from tensordict import TensorDict
-from utils import assert_dataproto_equal, assert_tensor_equal, sample_dataproto
+from arrow_dataproto.testing import assert_dataproto_equal, assert_tensor_equal, sample_dataproto
 
 from arrow_dataproto import DataProto, DecodeError, EncodeError
 from arrow_dataproto._dtypes import STORAGE

@@ -19,8 +19,9 @@ from tensordict import TensorDict
 
 import arrow_dataproto as adp
 from arrow_dataproto import pickling
-from test_codec import PROPERTY_SETTINGS, absent_device, dataprotos, leaves, with_field_metadata, with_schema_metadata
-from utils import assert_dataproto_equal, sample_dataproto
+from test_codec import PROPERTY_SETTINGS, absent_device, leaves, with_field_metadata, with_schema_metadata
+from arrow_dataproto.testing import assert_dataproto_equal, sample_dataproto
+from arrow_dataproto.testing.strategies import dataprotos
 
 pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental:UserWarning")
 

@@ -16,7 +16,7 @@ from tensordict import TensorDict
 
 import arrow_dataproto as adp
 from arrow_dataproto import DataProto, DataProtoItem
-from utils import assert_dataproto_equal, assert_tensor_equal, sample_dataproto, strict_equal
+from arrow_dataproto.testing import assert_dataproto_equal, assert_tensor_equal, sample_dataproto, strict_equal
 
 
 def rich(rows: int = 7, seed: int = 0) -> DataProto:

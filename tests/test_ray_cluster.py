@@ -35,7 +35,7 @@ def main() -> None:
     import ray
     import torch
     from ray.cluster_utils import Cluster
-    from utils import assert_dataproto_equal, sample_dataproto
+    from arrow_dataproto.testing import assert_dataproto_equal, sample_dataproto
 
     def batch():  # about 1 MiB: travels through the object stores, not inlined
         return sample_dataproto(rows=64, prompt=1024, response=1024, seed=5)

@@ -24,7 +24,7 @@ import tensordict
 import torch
 from packaging.version import Version
 from tensordict import TensorDict
-from utils import assert_dataproto_equal, sample_dataproto
+from arrow_dataproto.testing import assert_dataproto_equal, sample_dataproto
 
 from arrow_dataproto import DecodeError, from_ipc, receive_options, to_ipc
 from arrow_dataproto.integrations import verl as adp_verl

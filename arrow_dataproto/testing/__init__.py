@@ -1,4 +1,14 @@
-"""Shared test helpers: sample batches and a strict, bit-exact DataProto comparison."""
+"""Helpers for testing code that uses arrow-dataproto: sample batches and exact equality.
+
+- :func:`sample_dataproto`: a small PPO-like batch holding every column kind;
+- :func:`assert_dataproto_equal`, :func:`assert_td_equal`, :func:`assert_tensor_equal`:
+  bit-exact comparisons (dtype, layout, device type, shape, ragged dimension, NaN
+  payloads, key order); :func:`strict_equal` for non-tensor values and ``meta_info``;
+- :mod:`arrow_dataproto.testing.samples`: benchmark-sized synthetic batches;
+- :mod:`arrow_dataproto.testing.strategies`: hypothesis strategies (needs ``hypothesis``).
+
+The library itself never imports this package.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +19,15 @@ import numpy as np
 import torch
 from tensordict import TensorDict, is_tensor_collection
 
-from arrow_dataproto import DataProto
+from .._container import DataProto
+
+__all__ = [
+    "assert_dataproto_equal",
+    "assert_td_equal",
+    "assert_tensor_equal",
+    "sample_dataproto",
+    "strict_equal",
+]
 
 
 def sample_dataproto(rows: int = 6, prompt: int = 5, response: int = 7, seed: int = 0) -> DataProto:
@@ -78,6 +96,7 @@ def assert_tensor_equal(a: torch.Tensor, b: torch.Tensor, name: str = "") -> Non
 
 
 def assert_td_equal(a: TensorDict, b: TensorDict, prefix: str = "") -> None:
+    """Same keys in the same order, batch size, device type and bit-equal leaves, recursively."""
     assert list(a.keys()) == list(b.keys()), (prefix, list(a.keys()), list(b.keys()))
     assert a.batch_size == b.batch_size, (prefix, a.batch_size, b.batch_size)
     assert (a.device is None) == (b.device is None) and (a.device is None or a.device.type == b.device.type)
