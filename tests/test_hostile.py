@@ -1,0 +1,586 @@
+"""Hostile input, round two (issue 13): one test per defect class, through public entry points only.
+
+Cases that once crashed the process (SIGSEGV/SIGABRT) or hung it run in a subprocess, so a
+regression fails the test instead of killing pytest. Each test asserts the library's own
+error (a ``DataProtoError`` subclass) or an exact result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from tensordict import TensorDict
+
+import arrow_dataproto as adp
+from arrow_dataproto import files
+from arrow_dataproto.errors import DataProtoError, DecodeError, EncodeError
+from arrow_dataproto.testing import assert_dataproto_equal
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT = 120
+
+
+def run_python(code: str, *args: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter (this checkout first on the path)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        capture_output=True, text=True, timeout=timeout, env=env,
+    )
+
+
+def run_cli(*args: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(
+        [sys.executable, "-m", "arrow_dataproto", *map(str, args)],
+        capture_output=True, text=True, timeout=timeout, env=env,
+    )
+
+
+def assert_refused(result: subprocess.CompletedProcess, error: str = "DecodeError") -> None:
+    """The subprocess ended normally (no signal) after printing the library's ``error``."""
+    assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
+    assert result.stdout.strip().splitlines()[-1] == error, result.stdout
+
+
+def _objects(*rows) -> np.ndarray:
+    out = np.empty(len(rows), dtype=object)
+    out[:] = list(rows) if not any(isinstance(r, list) for r in rows) else [None] * len(rows)
+    for i, r in enumerate(rows):
+        out[i] = r
+    return out
+
+
+def _jagged(*lengths: int, dtype=torch.float32) -> torch.Tensor:
+    return torch.nested.nested_tensor([torch.arange(n, dtype=dtype) for n in lengths], layout=torch.jagged)
+
+
+def _file_with_offsets(path: Path) -> bytes:
+    """A file with a jagged column (int64 offsets 0,3,5,9) and a list-of-lists object column
+    (outer int32 offsets 0,2,3,6); returns its bytes."""
+    dp = adp.DataProto(
+        batch=TensorDict({"j": _jagged(3, 2, 4)}, batch_size=[3]),
+        non_tensor_batch={"o": _objects([[1, 2], [3]], [[4]], [[5, 6, 7], [8], [9]])},
+    )
+    adp.write_file(path, dp)
+    return path.read_bytes()
+
+
+def _patch(data: bytes, old: bytes, new: bytes) -> bytes:
+    assert data.count(old) == 1
+    return data.replace(old, new)
+
+
+@pytest.fixture
+def bad_jagged(tmp_path) -> Path:
+    """A file whose jagged column's first offset is 900 (values end at 9)."""
+    data = _file_with_offsets(tmp_path / "good.arrow")
+    path = tmp_path / "bad_jagged.arrow"
+    path.write_bytes(_patch(data, struct.pack("<4q", 0, 3, 5, 9), struct.pack("<4q", 900, 3, 5, 9)))
+    return path
+
+
+@pytest.fixture
+def bad_lists(tmp_path) -> Path:
+    """A file whose list-of-lists column's last outer offset is 2e9 (the child has 6 lists)."""
+    data = _file_with_offsets(tmp_path / "good.arrow")
+    path = tmp_path / "bad_lists.arrow"
+    path.write_bytes(_patch(data, struct.pack("<4i", 0, 2, 3, 6), struct.pack("<4i", 0, 2, 3, 2_000_000_000)))
+    return path
+
+
+# ---------------------------------------------------------------- 1. crashes: every path validates first
+
+_EVERY_PATH = """
+import sys
+import arrow_dataproto as adp
+from arrow_dataproto import files
+path, out = sys.argv[1], sys.argv[2]
+paths = {
+    "copy": lambda: files.copy_file(path, out),
+    "copy-zstd": lambda: files.copy_file(path, out, compression="zstd"),
+    "nbytes": lambda: files.open_file(path).column_nbytes(),
+    "dataset-nbytes": lambda: files.open_dataset([path]).column_nbytes(),
+    "recover": lambda: files.recover_file(path, out),
+    "read": lambda: files.open_file(path).read_all(),
+}
+for what, call in paths.items():
+    print(what, end=" ", flush=True)
+    try:
+        call()
+        print("no error", flush=True)
+    except adp.DataProtoError as e:
+        print(type(e).__name__, flush=True)
+"""
+
+
+@pytest.mark.parametrize("damage", ["bad_jagged", "bad_lists"])
+def test_every_path_validates_before_touching_a_batch(damage, request, tmp_path):
+    path = request.getfixturevalue(damage)
+    result = run_python(_EVERY_PATH, str(path), str(tmp_path / "out.arrow"))
+    assert result.returncode == 0, (result.returncode, result.stdout, result.stderr[-2000:])
+    outcomes = dict(line.split(" ", 1) for line in result.stdout.strip().splitlines())
+    assert outcomes == dict.fromkeys(["copy", "copy-zstd", "nbytes", "dataset-nbytes", "recover", "read"], "DecodeError")
+
+
+@pytest.mark.parametrize("command", ["inspect", "convert"])
+def test_cli_refuses_damaged_offsets(command, bad_jagged, bad_lists, tmp_path):
+    for path in (bad_jagged, bad_lists):
+        args = [command, path] + ([tmp_path / "out.arrow"] if command == "convert" else [])
+        result = run_cli(*args)
+        assert result.returncode == 1, (args, result.returncode, result.stderr[-2000:])
+        assert result.stderr.startswith("arrow-dataproto: error:"), result.stderr
+
+
+# ---------------------------------------------------------------- 2, 3. allocations and bombs
+
+
+def _stream_with(dp, *, field_meta: dict[str, dict[str, str]] | None = None, schema_meta=None, compression=None) -> bytes:
+    """``to_ipc(dp)`` with some metadata values replaced."""
+    batch = adp.to_arrow(dp)
+    fields = []
+    for field in batch.schema:
+        meta = {**(field.metadata or {}), **{k.encode(): v.encode() for k, v in (field_meta or {}).get(field.name, {}).items()}}
+        fields.append(field.with_metadata(meta))
+    meta = {**batch.schema.metadata, **{k.encode(): v.encode() for k, v in (schema_meta or {}).items()}}
+    batch = pa.RecordBatch.from_arrays(batch.columns, schema=pa.schema(fields, metadata=meta))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema, options=pa.ipc.IpcWriteOptions(compression=compression)) as w:
+        w.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def _strings(*values: str) -> adp.DataProto:
+    return adp.DataProto(non_tensor_batch={"s": np.array(values)})
+
+
+_PEAK = """
+import resource, sys, pickle
+import arrow_dataproto as adp
+payload = pickle.load(open(sys.argv[1], "rb"))
+kind = sys.argv[2]
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:
+    if kind == "ipc":
+        adp.from_ipc(payload)
+    else:
+        adp.from_pandas(payload)
+    print("decoded")
+except adp.DataProtoError as e:
+    print(type(e).__name__)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
+"""
+
+
+def _peak(tmp_path: Path, payload, kind: str) -> tuple[str, int]:
+    (tmp_path / "payload.pkl").write_bytes(pickle.dumps(payload))
+    result = run_python(_PEAK, str(tmp_path / "payload.pkl"), kind)
+    assert result.returncode == 0, result.stderr[-2000:]
+    outcome, mib = result.stdout.split()[-2:]
+    return outcome, int(mib)
+
+
+def test_recorded_string_width_cannot_steer_an_allocation(tmp_path):
+    payload = _stream_with(_strings("a", "b"), field_meta={"s": {"adp.dtype": "<U100000000"}})
+    assert len(payload) < 2000
+    outcome, mib = _peak(tmp_path, payload, "ipc")
+    assert outcome == "DecodeError" and mib < 64, (outcome, mib)
+
+
+def test_recorded_string_width_in_dataframe_attrs_is_bounded(tmp_path):
+    frame = adp.to_pandas(_strings("a", "b"))
+    frame.attrs["arrow_dataproto"]["columns"]["s"]["dtype"] = "<U100000000"
+    outcome, mib = _peak(tmp_path, frame, "pandas")
+    assert outcome in ("DecodeError", "EncodeError") and mib < 64, (outcome, mib)
+
+
+def test_a_padded_string_width_still_round_trips():
+    dp = adp.DataProto(non_tensor_batch={"s": np.array(["a", "bc"], dtype="<U40")})
+    assert_dataproto_equal(adp.from_ipc(adp.to_ipc(dp)), dp)
+    assert adp.from_ipc(adp.to_ipc(dp)).non_tensor_batch["s"].dtype == np.dtype("<U40")
+
+
+def _bomb() -> adp.DataProto:
+    return adp.DataProto(batch=TensorDict({"z": torch.zeros(64, 1 << 20, dtype=torch.int64)}, batch_size=[64]))
+
+
+def test_compression_bomb_is_refused_by_default_and_allowed_on_request(tmp_path):
+    payload = adp.to_ipc(_bomb(), compression="zstd")
+    assert payload.size < 1 << 20  # 512 MiB of zeros
+    with pytest.raises(DecodeError, match="max_decoded_bytes"):
+        adp.from_ipc(payload)
+    with pytest.raises(DecodeError, match="max_decoded_bytes"):
+        adp.from_ipc(adp.to_ipc(adp.DataProto(batch=TensorDict({"z": torch.zeros(8, 1024)}, [8])), compression="lz4"),
+                     max_decoded_bytes=1000)
+    path = tmp_path / "bomb.arrow"
+    adp.write_file(path, _bomb(), compression="zstd")
+    assert path.stat().st_size < 1 << 20
+    with adp.open_file(path) as reader:
+        with pytest.raises(DecodeError, match="max_decoded_bytes"):
+            reader.read_batch(0)
+    small = adp.DataProto(batch=TensorDict({"z": torch.zeros(4, 1 << 16, dtype=torch.int64)}, batch_size=[4]))
+    assert_dataproto_equal(adp.from_ipc(adp.to_ipc(small, compression="zstd"), max_decoded_bytes=None), small)
+    with adp.open_file(path, max_decoded_bytes=None) as reader:
+        assert reader.read_batch(0, ["z"]).batch["z"].shape == (64, 1 << 20)
+
+
+# ---------------------------------------------------------------- 4. cost in the column count
+
+
+def test_schema_comparison_is_linear_in_the_columns():
+    import time
+
+    def cost(n: int) -> float:
+        a = pa.schema([pa.field(f"c{i}", pa.int64(), metadata={"adp.kind": "tensor"}) for i in range(n)],
+                      metadata={"adp.format": "arrow-dataproto", "adp.version": "1.0", "adp.batch_size": "null",
+                                "adp.device": "null", "adp.tree": "[]"})
+        start = time.perf_counter()
+        assert files.schema_difference(a, a) == []
+        return time.perf_counter() - start
+
+    cost(100)
+    # A quadratic comparison took seconds at 6,000 columns; linear takes milliseconds. Not a
+    # timing threshold: 16,000 columns must finish at all within the test's patience.
+    assert cost(16_000) < 30
+
+
+# ---------------------------------------------------------------- 5. hangs: non-regular files
+
+
+_FIFO = """
+import os, sys
+import arrow_dataproto as adp
+from arrow_dataproto import files
+path = sys.argv[1]
+paths = {
+    "open": lambda: adp.open_file(path),
+    "dataset": lambda: adp.open_dataset(os.path.dirname(path)),
+    "recover": lambda: adp.recover_file(path, path + ".out"),
+    "copy": lambda: files.copy_file(path, path + ".out"),
+}
+for what, call in paths.items():
+    print(what, end=" ", flush=True)
+    try:
+        call()
+        print("no error", flush=True)
+    except adp.DataProtoError as e:
+        print(type(e).__name__, flush=True)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_a_fifo_is_refused_without_opening_it(tmp_path):
+    fifo = tmp_path / "data" / "x.arrow"
+    fifo.parent.mkdir()
+    os.mkfifo(fifo)
+    result = run_python(_FIFO, str(fifo), timeout=60)
+    outcomes = dict(line.split(" ", 1) for line in result.stdout.strip().splitlines())
+    assert outcomes == dict.fromkeys(["open", "dataset", "recover", "copy"], "DecodeError"), result.stdout
+    result = run_cli("inspect", fifo, timeout=60)
+    assert result.returncode == 1 and "not a regular file" in result.stderr
+
+
+def test_a_directory_is_refused(tmp_path):
+    with pytest.raises(DecodeError, match="not a regular file"):
+        adp.open_file(tmp_path)
+
+
+# ---------------------------------------------------------------- 6. a writer after a failed write
+
+_FAILED_WRITE = """
+import resource, signal, sys
+import torch
+from tensordict import TensorDict
+import arrow_dataproto as adp
+from arrow_dataproto import files
+path = sys.argv[1]
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing us
+def batch(v):
+    return adp.DataProto(batch=TensorDict({"x": torch.full((64, 1024), v, dtype=torch.int64)}, batch_size=[64]))
+writer = files.FileWriter(path)
+writer.write(batch(1))
+resource.setrlimit(resource.RLIMIT_FSIZE, (1_000_000, resource.RLIM_INFINITY))
+try:
+    writer.write(batch(2))   # 512 KiB more: crosses the 1 MB limit half-way
+    print("no error")
+except adp.EncodeError:
+    print("EncodeError")
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+for action in ("write", "close"):
+    try:
+        writer.write(batch(3)) if action == "write" else writer.close()
+        print(action, "accepted")
+    except adp.DataProtoError as e:
+        print(action, type(e).__name__)
+print(writer._partial)
+"""
+
+
+def test_a_writer_refuses_further_use_after_a_failed_write(tmp_path):
+    path = tmp_path / "x.arrow"
+    result = run_python(_FAILED_WRITE, str(path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.split("\n")
+    assert lines[:3] == ["EncodeError", "write EncodeError", "close EncodeError"], result.stdout
+    assert not path.exists()  # nothing half-written under the final name
+    partial = Path(lines[3])
+    assert partial.exists()  # the complete batches stay recoverable
+    assert adp.recover_file(partial, tmp_path / "fixed.arrow") == 1
+    recovered = adp.read_file(tmp_path / "fixed.arrow")
+    assert bool((recovered.batch["x"] == 1).all()) and recovered.batch["x"].shape == (64, 1024)
+
+
+def test_recover_never_returns_a_half_written_batch(tmp_path):
+    """A batch whose body was cut short and then followed by another batch (what an old
+    writer left after a failed write) is not a complete batch."""
+    batch = lambda v: adp.DataProto(batch=TensorDict({"x": torch.full((16, 256), v, dtype=torch.int64)}, [16]))
+    stream = bytearray()
+    sink = pa.BufferOutputStream()
+    first = adp.to_arrow(batch(1))
+    with pa.ipc.new_stream(sink, first.schema) as w:
+        w.write_batch(first, custom_metadata=first.schema.metadata)
+        size_one = sink.tell()
+        w.write_batch(adp.to_arrow(batch(2)), custom_metadata=first.schema.metadata)
+        size_two = sink.tell()
+        w.write_batch(adp.to_arrow(batch(3)), custom_metadata=first.schema.metadata)
+    data = sink.getvalue().to_pybytes()
+    cut = size_one + (size_two - size_one) * 3 // 4  # batch 2 loses its last quarter...
+    stream = b"ARROW1\x00\x00" + data[:cut] + data[size_two:]  # ...and batch 3 follows right after
+    path = tmp_path / "x.arrow.partial"
+    path.write_bytes(stream)
+    assert adp.recover_file(path, tmp_path / "fixed.arrow") == 1
+    assert bool((adp.read_file(tmp_path / "fixed.arrow").batch["x"] == 1).all())
+
+
+# ---------------------------------------------------------------- 7. metadata that lies
+
+
+def test_a_duplicate_tree_key_is_refused():
+    dp = adp.DataProto(batch=TensorDict({"a": torch.zeros(2), "b": TensorDict({"c": torch.ones(2)}, [2])}, [2]))
+    batch = adp.to_arrow(dp)
+    tree = json.dumps(["a", ["a", [2], None, ["c"]]])
+    meta = {**batch.schema.metadata, b"adp.tree": tree.encode()}
+    fields = [batch.schema.field(0), batch.schema.field(1).with_name("a.c")]
+    lying = pa.RecordBatch.from_arrays(batch.columns, schema=pa.schema(fields, metadata=meta))
+    with pytest.raises(DecodeError, match="duplicate"):
+        adp.from_arrow(lying)
+
+
+def test_colliding_tree_keys_are_refused():
+    # a leaf named "b.c" and a nested "b" holding "c": both are column "b.c"
+    dp = adp.DataProto(batch=TensorDict({"x": torch.zeros(2), "y": torch.ones(2)}, [2]))
+    batch = adp.to_arrow(dp)
+    tree = json.dumps(["b.c", ["b", [2], None, ["c"]]])
+    meta = {**batch.schema.metadata, b"adp.tree": tree.encode()}
+    fields = [batch.schema.field(0).with_name("b.c"), batch.schema.field(1).with_name("b.c")]
+    lying = pa.RecordBatch.from_arrays(batch.columns, schema=pa.schema(fields, metadata=meta))
+    with pytest.raises(DecodeError):
+        adp.from_arrow(lying)
+
+
+def test_a_string_dtype_narrower_than_the_data_is_refused_not_truncated():
+    payload = _stream_with(_strings("hello world", "x"), field_meta={"s": {"adp.dtype": "<U2"}})
+    with pytest.raises(DecodeError, match="longer"):
+        adp.from_ipc(payload)
+    payload = _stream_with(adp.DataProto(non_tensor_batch={"b": np.array([b"hello", b"x"])}),
+                           field_meta={"b": {"adp.dtype": "|S2"}})
+    with pytest.raises(DecodeError, match="longer"):
+        adp.from_ipc(payload)
+
+
+# ---------------------------------------------------------------- 8. precision through pandas
+
+
+@pytest.mark.parametrize("dtype", ["M8[ps]", "M8[fs]", "M8[as]", "m8[ps]", "m8[fs]", "m8[as]", "M8", "m8"])
+def test_fine_datetimes_are_exact_through_pandas(dtype):
+    values = np.array([1, 2, 3], dtype=np.int64).view(dtype) if dtype not in ("M8", "m8") else np.array(
+        ["NaT", "NaT", "NaT"], dtype=dtype)
+    dp = adp.DataProto(non_tensor_batch={"t": values})
+    try:
+        frame = adp.to_pandas(dp)
+    except DataProtoError:
+        return  # refused is allowed; silently truncated is not
+    back = adp.from_pandas(frame)
+    got = back.non_tensor_batch["t"]
+    assert got.dtype == values.dtype and got.view(np.int64).tolist() == values.view(np.int64).tolist()
+
+
+# ---------------------------------------------------------------- 9. shared jagged offsets
+
+
+def _shared() -> adp.DataProto:
+    logp = _jagged(3, 1, 4, 2)
+    mask = torch.nested.nested_tensor_from_jagged(torch.ones(10), logp.offsets())
+    return adp.DataProto(batch=TensorDict({"logp": logp, "mask": mask}, batch_size=[4]))
+
+
+@pytest.mark.parametrize("how", ["ipc", "pickle", "file", "slice", "index", "concat"])
+def test_shared_jagged_offsets_stay_shared(how, tmp_path):
+    dp = _shared()
+    if how == "ipc":
+        out = adp.from_ipc(adp.to_ipc(dp))
+    elif how == "pickle":
+        out = pickle.loads(pickle.dumps(dp, protocol=5))
+    elif how == "file":
+        adp.write_file(tmp_path / "x.arrow", dp)
+        out = adp.read_file(tmp_path / "x.arrow")
+    elif how == "slice":
+        out = dp[0:4]
+    elif how == "index":
+        out = dp[torch.tensor([0, 2, 3])]
+    else:
+        out = adp.DataProto.concat([dp[0:2], dp[2:4]])
+    product = out.batch["logp"] * out.batch["mask"]  # raises if the ragged structures differ
+    assert product.offsets().tolist() == out.batch["logp"].offsets().tolist()
+
+
+# ---------------------------------------------------------------- 10. foreign exceptions
+
+
+@pytest.mark.parametrize("version", ["1.²", "².0", "1." + "0" * 5000, "1" * 5000 + ".0", "1.0 ", "+1.0", "1.-1", "١.٠"])
+def test_malformed_versions_are_decode_errors(version):
+    payload = _stream_with(_strings("a"), schema_meta={"adp.version": version})
+    with pytest.raises(DecodeError):
+        adp.from_ipc(payload)
+
+
+@pytest.mark.parametrize("ragged_idx", ["²", "1" * 5000, " 1", "01x", "-1", "١"])
+def test_malformed_ragged_idx_is_a_decode_error_naming_the_column(ragged_idx):
+    dp = adp.DataProto(batch=TensorDict({"j": _jagged(2, 3)}, batch_size=[2]))
+    payload = _stream_with(dp, field_meta={"j": {"adp.ragged_idx": ragged_idx}})
+    with pytest.raises(DecodeError, match="'j'"):
+        adp.from_ipc(payload)
+
+
+@pytest.mark.parametrize("device", ["privateuseone", "privateuseone:0", "cuda:99999999999999999999", "nope", "cpu:-1", "é"])
+def test_unknown_recorded_devices_are_refused_or_placed_on_the_cpu(device):
+    dp = adp.DataProto(batch=TensorDict({"x": torch.arange(3)}, batch_size=[3]))
+    payload = _stream_with(dp, field_meta={"x": {"adp.device": device}})
+    try:
+        with pytest.warns(RuntimeWarning):
+            out = adp.from_ipc(payload)
+    except DecodeError as e:
+        assert "'x'" in str(e)
+        return
+    assert out.batch["x"].device.type == "cpu" and out.batch["x"].tolist() == [0, 1, 2]
+
+
+def test_a_recorded_tree_device_that_torch_cannot_load_is_handled():
+    dp = adp.DataProto(batch=TensorDict({"x": torch.arange(3)}, batch_size=[3]))
+    payload = _stream_with(dp, schema_meta={"adp.device": json.dumps("privateuseone")})
+    try:
+        with pytest.warns(RuntimeWarning):
+            out = adp.from_ipc(payload)
+        assert out.batch["x"].tolist() == [0, 1, 2]
+    except DecodeError:
+        pass
+
+
+@pytest.mark.parametrize("rows", [2**63, 2**64, -1, 2**63 - 1, "3", 3.0])
+def test_a_pickled_state_with_a_lying_row_count(rows):
+    reduce, state = adp.DataProto(non_tensor_batch={}).__reduce_ex__(5)
+    schema, _, columns = state
+    with pytest.raises(DecodeError):
+        reduce(schema, rows, columns)
+
+
+@pytest.mark.parametrize("where", ["string", "key", "nested key", "object", "meta_info"])
+def test_lone_surrogates_are_encode_errors_or_round_trip(where, tmp_path):
+    s = "a\ud800b"
+    if where == "string":
+        dp = adp.DataProto(non_tensor_batch={"s": np.array([s, "x"])})
+    elif where == "key":
+        dp = adp.DataProto(batch=TensorDict({s: torch.zeros(2)}, [2]))
+    elif where == "nested key":
+        dp = adp.DataProto(batch=TensorDict({"t": TensorDict({s: torch.zeros(2)}, [2])}, [2]))
+    elif where == "object":
+        dp = adp.DataProto(non_tensor_batch={"o": _objects(s, "x")})
+    else:
+        dp = adp.DataProto(meta_info={s: 1})
+    for encode in (adp.to_ipc, lambda d: adp.write_file(tmp_path / "x.arrow", d),
+                   lambda d: pickle.loads(pickle.dumps(d, protocol=5))):
+        try:
+            out = encode(dp)
+        except EncodeError as e:
+            assert "surrogate" in str(e) or "UTF-8" in str(e)
+            continue
+        if isinstance(out, adp.DataProto):
+            assert_dataproto_equal(out, dp)
+
+
+def test_a_non_contiguous_memoryview_is_a_decode_error_or_reads():
+    payload = adp.to_ipc(_strings("a", "b")).to_pybytes()
+    doubled = np.frombuffer(payload * 2, dtype=np.uint8).reshape(2, -1)
+    view = memoryview(doubled)[:, : len(payload)]  # rows of a 2-D array: C-contiguous? no
+    strided = memoryview(np.frombuffer(bytes(b for pair in zip(payload, payload) for b in pair), np.uint8)[::2])
+    for buffer in (strided, view):
+        try:
+            out = adp.from_ipc(buffer)
+        except DecodeError:
+            continue
+        assert out.non_tensor_batch["s"].tolist() == ["a", "b"]
+
+
+def test_a_unitless_datetime_through_to_pandas():
+    dp = adp.DataProto(non_tensor_batch={"t": np.array(["NaT", "NaT"], dtype="M8")})
+    try:
+        frame = adp.to_pandas(dp)
+    except DataProtoError:
+        return
+    assert adp.from_pandas(frame).non_tensor_batch["t"].dtype == np.dtype("M8")
+
+
+@pytest.mark.parametrize("shape", [[2**62, 2**62], [10**30], [2**40, 2**40, 2**40]])
+def test_huge_shapes_in_dataframe_attrs_are_decode_errors(shape):
+    dp = adp.DataProto(batch=TensorDict({"x": torch.zeros(2, 3)}, batch_size=[2]),
+                       non_tensor_batch={"n": np.zeros((2, 3))})
+    for column in ("x", "n"):
+        frame = adp.to_pandas(dp)
+        key = "shape" if column == "x" else "row_shape"
+        frame.attrs["arrow_dataproto"]["columns"][column][key] = shape
+        with pytest.raises(DataProtoError, match=repr(column)):
+            adp.from_pandas(frame)
+
+
+def test_head_columns_are_exact_names(tmp_path):
+    dp = adp.DataProto(non_tensor_batch={"extra": np.array([1, 2]), "extra.p": _objects({1}, {2})})
+    adp.write_file(tmp_path / "x.arrow", dp)
+    result = run_cli("head", tmp_path / "x.arrow", "--columns", "extra")
+    assert result.returncode == 0, result.stderr
+    assert "extra.p" not in result.stdout and "pickled" not in result.stdout
+    with adp.open_file(tmp_path / "x.arrow") as reader:
+        assert list(reader.read_all(["extra"]).non_tensor_batch) == ["extra"]
+
+
+# ---------------------------------------------------------------- 11. a valid write refused
+
+
+def test_zero_rows_after_rows_adopt_the_files_types(tmp_path):
+    pickled = _objects({1}, {2}, {3}, {4})
+    strided = torch.nested.nested_tensor([torch.zeros(2, 3), torch.ones(1, 4), torch.zeros(3, 1), torch.ones(2, 2)])
+    dp = adp.DataProto(batch=TensorDict({"s": strided}, batch_size=[4]), non_tensor_batch={"p": pickled})
+    with adp.FileWriter(tmp_path / "x.arrow") as writer:
+        writer.write(dp)
+        writer.write(dp[0:0])
+    with adp.open_file(tmp_path / "x.arrow", allow_pickle=True) as reader:
+        assert reader.batch_rows == [4, 0]
+        assert_dataproto_equal(reader.read_batch(0), dp)
+        assert len(reader.read_batch(1)) == 0
+
+
+def test_zero_rows_of_another_dtype_are_still_refused(tmp_path):
+    with adp.FileWriter(tmp_path / "x.arrow") as writer:
+        writer.write(adp.DataProto(non_tensor_batch={"p": _objects({1}, {2})}))
+        with pytest.raises(adp.SchemaMismatchError):
+            writer.write(adp.DataProto(non_tensor_batch={"p": np.zeros(0, dtype=np.int64)}))
