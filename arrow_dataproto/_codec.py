@@ -17,6 +17,7 @@ tensor is non-contiguous, off the CPU, or the caller asks for a copy.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from functools import lru_cache
 from typing import Any, Iterable, Iterator, NamedTuple
@@ -25,7 +26,7 @@ import pyarrow as pa
 import torch
 from tensordict import TensorDict, is_non_tensor, is_tensor_collection
 
-from . import _jagged, _objects
+from . import _jagged, _limits, _objects
 from ._format import (
     COMPRESSIONS,
     FORMAT,
@@ -82,6 +83,15 @@ def _flatten(td: TensorDict, key: str, prefix: str, columns: list[tuple[str, tor
     return Node(key, tuple(td.batch_size), device, tuple(entries))
 
 
+@contextlib.contextmanager
+def _utf8_only(name: str) -> Iterator[None]:
+    """Arrow text is UTF-8: a lone surrogate in a column's name or strings is an EncodeError."""
+    try:
+        yield
+    except UnicodeEncodeError as e:
+        raise column_error(EncodeError, name, f"text that is not valid UTF-8 ({e.reason}: {e.object[e.start:e.end]!r})") from None
+
+
 def to_arrow(data: Any) -> pa.RecordBatch:
     """Encode a DataProto (ours or verl's) or a bare TensorDict as a RecordBatch.
 
@@ -103,12 +113,14 @@ def to_arrow(data: Any) -> pa.RecordBatch:
 
     fields, arrays = [], []
     for name, tensor in columns:
-        array, spec = encode_tensor(name, tensor)
-        fields.append(pa.field(name, array.type, nullable=False, metadata=spec.metadata()))
+        with _utf8_only(name):
+            array, spec = encode_tensor(name, tensor)
+            fields.append(pa.field(name, array.type, nullable=False, metadata=spec.metadata()))
         arrays.append(array)
     for name, values in non_tensor.items():
-        array, field_meta = _objects.encode_column(str(name), values)
-        fields.append(pa.field(str(name), array.type, metadata=field_meta))
+        with _utf8_only(str(name)):
+            array, field_meta = _objects.encode_column(str(name), values)
+            fields.append(pa.field(str(name), array.type, metadata=field_meta))
         arrays.append(array)
 
     names = [f.name for f in fields]
@@ -163,6 +175,25 @@ def to_ipc(data: Any, *, compression: str | None = None) -> pa.Buffer:
 # ---------------------------------------------------------------- decode
 
 
+def validate_arrow(record_batch: pa.RecordBatch, where: str = "") -> None:
+    """The validation gate: every path that reads a RecordBatch's values or sizes (decoding,
+    sizes, copies, recovery, pandas) passes the batch through here first.
+
+    Arrow's full validation (every offset within its buffers, UTF-8, ...) plus what it
+    skips (:func:`_check_offsets`); :class:`DecodeError` naming the column otherwise. Costs
+    one pass over offsets and strings, none over fixed-width values.
+    """
+    if not isinstance(record_batch, pa.RecordBatch):
+        raise DecodeError(f"expected a pyarrow.RecordBatch, got {type(record_batch).__name__}")
+    prefix = f"{where}: " if where else ""
+    try:
+        record_batch.validate(full=True)
+    except pa.ArrowException as e:
+        raise DecodeError(f"{prefix}invalid Arrow data: {e}") from e
+    for name, column in zip(record_batch.schema.names, record_batch.columns):
+        _check_offsets(name, column)
+
+
 def _check_offsets(name: str, array: pa.Array) -> None:
     """What Arrow's full validation skips (pyarrow 26): a negative offset, and a fixed_size_list
     whose values end before its offset + length. Either would let a view read outside the
@@ -189,7 +220,7 @@ def device_available(device: str) -> bool:
     """Whether this process can hold tensors on ``device`` (``"cuda:1"``...)."""
     try:
         return torch.empty(0, device=device).device.type != "meta"  # meta tensors would drop the data
-    except (RuntimeError, AssertionError, ValueError):
+    except Exception:  # RuntimeError, AssertionError, ModuleNotFoundError ("privateuseone")...
         return False
 
 
@@ -281,13 +312,8 @@ def decode(
     if names[: len(leaf_names)] != leaf_names:
         raise DecodeError(f"the tensor columns {names[:len(leaf_names)]} are not the tree's leaves {leaf_names}")
     if len(set(names)) != len(names):
-        raise DecodeError(f"duplicate column names {sorted({n for n in names if names.count(n) > 1})}")
-    try:
-        record_batch.validate(full=True)
-    except pa.ArrowException as e:
-        raise DecodeError(f"invalid Arrow data: {e}") from e
-    for name, column in zip(names, record_batch.columns):
-        _check_offsets(name, column)
+        raise DecodeError(f"duplicate column names {sorted({n for n in names if names.count(n) > 1})[:20]}")
+    validate_arrow(record_batch)
     placement = Placement(device)
     fields = record_batch.schema
 
@@ -320,14 +346,24 @@ def decode(
     return Parts(batch, non_tensor, decoded_meta_info)
 
 
-def read_stream(buffer: Any) -> list[pa.RecordBatch]:
+def read_stream(buffer: Any, max_decoded_bytes: _limits.MaxDecoded = "auto") -> list[pa.RecordBatch]:
     """The record batches of an Arrow IPC stream (``pa.Buffer``, bytes-like, or memoryview),
-    zero-copy over ``buffer`` unless compressed; :class:`DecodeError` if there are none."""
+    zero-copy over ``buffer`` unless compressed; :class:`DecodeError` if there are none, or
+    if decompressing would exceed ``max_decoded_bytes`` (see :mod:`arrow_dataproto._limits`;
+    checked from the message headers before anything is decompressed)."""
     try:
         source = buffer if isinstance(buffer, pa.Buffer) else pa.py_buffer(buffer)
+    except (BufferError, TypeError, ValueError) as e:  # a non-contiguous memoryview, not bytes-like
+        raise DecodeError(f"not a readable Arrow IPC stream: {type(e).__name__}: {e}") from e
+    allowed = _limits.limit(max_decoded_bytes, source.size)
+    try:
+        if allowed is not None:
+            _limits.check(_limits.stream_decoded_bytes(source), allowed, "the IPC stream")
         reader = pa.ipc.open_stream(source)
         batches = list(reader)
     except (pa.ArrowException, OSError, TypeError, ValueError) as e:  # pyarrow raises OSError for corrupt messages
+        if isinstance(e, DecodeError):
+            raise
         raise DecodeError(f"not a readable Arrow IPC stream: {e}") from e
     if not batches:
         raise DecodeError("the IPC stream holds no record batch")

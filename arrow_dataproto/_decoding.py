@@ -55,6 +55,7 @@ def from_ipc(
     device: str | torch.device | None = None,
     copy: bool = False,
     allow_pickle: bool = False,
+    max_decoded_bytes: int | str | None = "auto",
 ) -> DataProto:
     """Decode an Arrow IPC stream written by :func:`to_ipc` (``pa.Buffer``, bytes-like, or memoryview).
 
@@ -64,9 +65,14 @@ def from_ipc(
     Compressed streams are decompressed into new memory. Other arguments and
     errors as in :func:`from_arrow`; a stream holding several record batches is
     concatenated (a copy).
+
+    ``buffer`` is untrusted: a compressed stream may decode to at most
+    ``max_decoded_bytes`` (default ``"auto"``: 64 MiB or 256 times the stream's size,
+    whichever is larger; an int: that many bytes; ``None``: no limit), checked from the
+    message headers before anything is decompressed (:class:`DecodeError` beyond it).
     """
     parts = [
         from_arrow(b, columns=columns, device=device, copy=copy, allow_pickle=allow_pickle)
-        for b in read_stream(buffer)
+        for b in read_stream(buffer, max_decoded_bytes)
     ]
     return parts[0] if len(parts) == 1 else DataProto.concat(parts)

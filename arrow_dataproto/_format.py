@@ -18,6 +18,8 @@ Nothing here touches tensor bytes. Malformed metadata raises
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Union
 
@@ -60,6 +62,44 @@ ARRAY_KINDS = ("numeric", "string", "object", "pickle")
 COMPRESSIONS = (None, "lz4", "zstd")
 
 
+MAX_DIM = 2**63 - 1
+"""The largest dimension or row count a metadata field may hold (an int64)."""
+MAX_ROW_ELEMENTS = 2**58
+"""The largest number of elements one row may hold (times the widest element, 16 bytes, it stays
+well inside what numpy and torch can address)."""
+
+_ASCII_UINT = re.compile(r"[0-9]{1,9}")
+_DEVICE = re.compile(r"[a-z][a-z0-9_]{0,31}(:[0-9]{1,4})?")
+
+
+def parse_uint(text: Any, what: str) -> int:
+    """A small non-negative integer written in ASCII digits (at most 9 of them); DecodeError
+    otherwise (``"²"``, ``"١"``, signs, spaces and 5,000-digit numbers included)."""
+    if not isinstance(text, str) or not _ASCII_UINT.fullmatch(text):
+        raise DecodeError(f"malformed {what} {str(text)[:40]!r}")
+    return int(text)
+
+
+def parse_device(value: Any, what: str) -> str | None:
+    """A recorded device (``"cpu"``, ``"cuda:1"``...; ``None``/``"None"``: none), checked for its
+    form only; whether this process has it is decided when placing tensors."""
+    if value is None or value == "None":
+        return None
+    if not isinstance(value, str) or not _DEVICE.fullmatch(value):
+        raise DecodeError(f"malformed {what} {str(value)[:40]!r}")
+    return value
+
+
+def check_row_shape(shape: Iterable[int | None], what: str) -> None:
+    """Every fixed dimension an int in ``[0, MAX_DIM]`` and their product at most
+    :data:`MAX_ROW_ELEMENTS`; DecodeError otherwise."""
+    dims = [n for n in shape if n is not None]
+    if not all(type(n) is int and 0 <= n <= MAX_DIM for n in dims):
+        raise DecodeError(f"malformed {what} {list(shape)!r}"[:200])
+    if math.prod(n for n in dims if n) > MAX_ROW_ELEMENTS:
+        raise DecodeError(f"{what} {list(shape)} holds more than 2**58 elements per row")
+
+
 def version_text() -> str:
     return "%d.%d" % FORMAT_VERSION
 
@@ -84,9 +124,9 @@ def check_schema(schema: pa.Schema) -> dict[str, str]:
         raise DecodeError(f"not an {FORMAT_NAME} payload (schema metadata {FORMAT!r} is {metadata.get(FORMAT)!r})")
     version = metadata.get(VERSION, "")
     major, _, minor = version.partition(".")
-    if not (major.isdigit() and minor.isdigit()):
-        raise DecodeError(f"malformed format version {version!r}")
-    if int(major) != FORMAT_VERSION[0]:
+    major_number = parse_uint(major, f"format version {version[:40]!r}: major")
+    parse_uint(minor, f"format version {version[:40]!r}: minor")
+    if major_number != FORMAT_VERSION[0]:
         raise FormatVersionError(
             f"format version {version} is not readable by this version of arrow-dataproto, "
             f"which reads {FORMAT_VERSION[0]}.x"
@@ -116,7 +156,7 @@ def _json(metadata: Mapping[str, str], key: str, where: str = "schema metadata")
 
 
 def _is_size(value: Any) -> bool:
-    return isinstance(value, list) and all(type(n) is int and n >= 0 for n in value)
+    return isinstance(value, list) and all(type(n) is int and 0 <= n <= MAX_DIM for n in value)
 
 
 # ---------------------------------------------------------------- the TensorDict tree
@@ -154,10 +194,8 @@ class Node:
                 raise DecodeError(f"the tree names tensor columns but batch_size is null: {tree!r}")
             return None
         if not (_is_size(batch_size) and batch_size):
-            raise DecodeError(f"malformed batch_size {batch_size!r}")
-        if device is not None and not isinstance(device, str):
-            raise DecodeError(f"malformed device {device!r}")
-        return cls("", tuple(batch_size), device, entries)
+            raise DecodeError(f"malformed batch_size {str(batch_size)[:200]}")
+        return cls("", tuple(batch_size), parse_device(device, "TensorDict device"), entries)
 
     def metadata(self) -> dict[str, str]:
         """The schema metadata entries of this (root) tree."""
@@ -213,35 +251,48 @@ class Node:
 
 
 def _parse_entries(tree: Any) -> tuple[Entry, ...]:
+    """The entries of one TensorDict of the tree. Keys are unique within a TensorDict: a
+    duplicate (a leaf and a nested TensorDict of one name, or two leaves) would make one
+    column vanish from the decoded batch."""
     if not isinstance(tree, list):
         raise DecodeError("malformed TensorDict tree in the schema metadata")
     entries: list[Entry] = []
+    keys: set[str] = set()
     for entry in tree:
         if isinstance(entry, str):
+            key = entry
             entries.append(entry)
         elif (
             isinstance(entry, list)
             and len(entry) == 4
             and isinstance(entry[0], str)
             and _is_size(entry[1])
-            and (entry[2] is None or isinstance(entry[2], str))
+            and entry[1]
         ):
-            entries.append(Node(entry[0], tuple(entry[1]), entry[2], _parse_entries(entry[3])))
+            key = entry[0]
+            device = parse_device(entry[2], f"device of nested TensorDict {key[:40]!r}")
+            entries.append(Node(key, tuple(entry[1]), device, _parse_entries(entry[3])))
         else:
-            raise DecodeError(f"malformed TensorDict tree entry {entry!r}")
+            raise DecodeError(f"malformed TensorDict tree entry {str(entry)[:200]}")
+        if key in keys:
+            raise DecodeError(f"duplicate key {key[:40]!r} in a TensorDict of the tree")
+        keys.add(key)
     return tuple(entries)
 
 
 def resolve_columns(names: list[str], wanted: Iterable[str] | str, where: str) -> list[str]:
-    """The columns of ``names`` that ``wanted`` asks for, in column order; a nested
-    TensorDict's name selects all its leaves. :class:`ColumnNotFoundError` for a name
-    that matches nothing (``where`` names the payload in the message)."""
+    """The columns of ``names`` that ``wanted`` asks for, in column order; a name that is
+    not a column but a nested TensorDict's selects all its leaves (a column's exact name
+    never selects other columns that start with it: ``extra`` is not ``extra.p``).
+    :class:`ColumnNotFoundError` for a name that matches nothing (``where`` names the
+    payload in the message)."""
     if isinstance(wanted, str):
         wanted = [wanted]
     keep: set[str] = set()
     unknown = []
+    exact = set(names)
     for name in wanted:
-        matched = [n for n in names if n == name or n.startswith(f"{name}.")]
+        matched = [name] if name in exact else [n for n in names if n.startswith(f"{name}.")]
         keep.update(matched)
         if not matched:
             unknown.append(name)
@@ -284,32 +335,38 @@ class TensorSpec:
             raise column_error(DecodeError, name, f"missing metadata key {e.args[0]!r}") from None
         except (ValueError, RecursionError) as e:  # RecursionError: nested too deep
             raise column_error(DecodeError, name, f"malformed shape metadata: {e!r}") from None
-        if not isinstance(shape, list) or not all(n is None or (isinstance(n, int) and 0 <= n < 2**63) for n in shape):
-            raise column_error(DecodeError, name, f"malformed shape metadata {meta[SHAPE]!r}")
         check = _SHAPE_RULES.get(kind)
         if check is None:
-            raise column_error(DecodeError, name, f"unknown column kind {kind!r}")
-        ragged_idx = check(name, shape, meta.get(RAGGED_IDX, ""))
-        return cls(kind, dtype, tuple(shape), meta.get(DEVICE), ragged_idx)
+            raise column_error(DecodeError, name, f"unknown column kind {kind[:40]!r}")
+        try:
+            if not isinstance(shape, list):
+                raise DecodeError(f"malformed shape metadata {meta[SHAPE][:200]!r}")
+            check_row_shape(shape, "shape")
+            ragged_idx = check(name, shape, meta.get(RAGGED_IDX, ""))
+            device = parse_device(meta.get(DEVICE), "device")
+        except DecodeError as e:
+            raise column_error(DecodeError, name, str(e)) from None
+        return cls(kind, dtype, tuple(shape), device, ragged_idx)
 
 
 def _dense_shape(name: str, shape: list, _: str) -> None:
     if None in shape:
-        raise column_error(DecodeError, name, f"dense column with a ragged shape {shape}")
+        raise DecodeError(f"dense column with a ragged shape {shape}")
     return None
 
 
 def _jagged_shape(name: str, shape: list, ragged_idx: str) -> int:
-    if not ragged_idx.isdigit() or not 1 <= int(ragged_idx) <= len(shape) or shape[int(ragged_idx) - 1] is not None:
-        raise column_error(DecodeError, name, f"ragged_idx {ragged_idx!r} does not fit shape {shape}")
+    index = parse_uint(ragged_idx, "ragged_idx")
+    if not 1 <= index <= len(shape) or shape[index - 1] is not None:
+        raise DecodeError(f"ragged_idx {ragged_idx!r} does not fit shape {shape}")
     if shape.count(None) != 1:
-        raise column_error(DecodeError, name, f"jagged shape {shape} must have exactly one ragged dimension")
-    return int(ragged_idx)
+        raise DecodeError(f"jagged shape {shape} must have exactly one ragged dimension")
+    return index
 
 
 def _strided_shape(name: str, shape: list, _: str) -> None:
     if not shape or any(n is not None for n in shape):
-        raise column_error(DecodeError, name, f"malformed strided shape {shape}")
+        raise DecodeError(f"malformed strided shape {shape}")
     return None
 
 
@@ -353,6 +410,7 @@ class ArraySpec:
         kind = meta[KIND]
         dtype = numpy_dtype_of(meta[DTYPE])
         row_shape = json.loads(meta[ROW_SHAPE])
-        if not (isinstance(row_shape, list) and all(type(d) is int and d >= 0 for d in row_shape)):
-            raise ValueError(f"bad row shape {row_shape!r}")
+        if not (isinstance(row_shape, list) and None not in row_shape):
+            raise ValueError(f"bad row shape {str(row_shape)[:200]}")
+        check_row_shape(row_shape, "row shape")
         return cls(kind, dtype, tuple(row_shape))

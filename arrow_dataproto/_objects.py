@@ -52,7 +52,9 @@ from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from . import _limits
 from ._format import ARRAY_KINDS, KIND, META_INFO, META_INFO_ENCODING, ArraySpec
 from .errors import DecodeError, EncodeError, PickleNotAllowedError, column_error
 
@@ -161,6 +163,19 @@ def _flat_values(array: pa.Array) -> pa.Array:
     return storage.flatten() if pa.types.is_fixed_size_list(storage.type) else storage
 
 
+def _check_string_width(flat: pa.Array, dtype: np.dtype) -> None:
+    """The recorded width of a ``U``/``S`` dtype must hold every value (a narrower one would
+    truncate them silently), and may not make the decoded array larger than
+    :func:`arrow_dataproto._limits.bounded` allows for the bytes it is decoded from (a width
+    of 100,000,000 would turn a few bytes into gigabytes)."""
+    width = dtype.itemsize // (4 if dtype.kind == "U" else 1)
+    if len(flat):
+        lengths = pc.utf8_length(flat) if dtype.kind == "U" else pc.binary_length(flat)
+        longest = pc.max(lengths).as_py() or 0
+        _check(longest <= width, f"values up to {longest} long, longer than the recorded dtype {dtype}")
+    _limits.check_allocation(len(flat) * dtype.itemsize, flat.nbytes, f"a {dtype} column of {len(flat)} values")
+
+
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
@@ -232,6 +247,7 @@ class String:
         _check_type(array, _shaped(value_type, row_shape))
         flat = _flat_values(array)
         _check(array.null_count == 0 and flat.null_count == 0, "string columns cannot hold nulls")
+        _check_string_width(flat, dtype)
         values = flat.to_numpy(zero_copy_only=False).astype(dtype)
         return values.reshape(len(array), *row_shape)
 

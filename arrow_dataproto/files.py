@@ -46,6 +46,7 @@ import json
 import mmap
 import os
 import secrets
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
@@ -55,7 +56,8 @@ import pyarrow as pa
 import torch
 from tensordict import is_tensor_collection
 
-from ._codec import decode, to_arrow
+from . import _limits
+from ._codec import decode, to_arrow, validate_arrow
 from .errors import (
     DataProtoError,
     DecodeError,
@@ -102,6 +104,29 @@ _INCOMPLETE = (
     "or the file was cut short; recover_file(path, new_path) or `arrow-dataproto recover` copies "
     "its complete batches into a valid file"
 )
+
+
+# ---------------------------------------------------------------- opening
+
+
+def open_regular(path: str | os.PathLike) -> int:
+    """A read-only descriptor of ``path`` if it is a regular file; :class:`DecodeError` for a
+    FIFO, socket, device or folder, which is never opened for reading (a FIFO would block).
+
+    The open itself does not block (``O_NONBLOCK``, dropped once the file is known to be
+    regular); ``FileNotFoundError``/``PermissionError`` as ``open`` raises them.
+    """
+    nonblock = getattr(os, "O_NONBLOCK", 0)
+    fd = os.open(path, os.O_RDONLY | nonblock | getattr(os, "O_BINARY", 0) | getattr(os, "O_NOCTTY", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise DecodeError(f"{path}: not a regular file (a FIFO, device, socket or folder)")
+        if nonblock:
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 # ---------------------------------------------------------------- progress
@@ -157,18 +182,20 @@ def schema_difference(expected: pa.Schema, got: pa.Schema) -> list[str]:
     column names and order, Arrow types, column metadata (dtype, per-row shape, device...)
     and the batch layout. Per-batch values (batch size, ``meta_info``) may differ. Empty if none."""
     differences = []
-    missing = [n for n in expected.names if n not in got.names]
-    added = [n for n in got.names if n not in expected.names]
+    # Linear in the number of columns: fields by name in dicts, never a lookup by name in a list.
+    fields_a, fields_b = dict(zip(expected.names, expected)), dict(zip(got.names, got))
+    missing = [n for n in expected.names if n not in fields_b]
+    added = [n for n in got.names if n not in fields_a]
     if missing:
         differences.append(f"missing column(s) {missing}")
     if added:
         differences.append(f"added column(s) {added}")
     if not (missing or added) and expected.names != got.names:
         differences.append(f"columns in order {got.names}, expected {expected.names}")
-    for name in expected.names:
-        if name not in got.names:
+    for name, a in fields_a.items():
+        b = fields_b.get(name)
+        if b is None:
             continue
-        a, b = expected.field(name), got.field(name)
         meta_a, meta_b = text_metadata(a.metadata), text_metadata(b.metadata)
         changed = [k for k in sorted(set(meta_a) | set(meta_b)) if meta_a.get(k) != meta_b.get(k)]
         differences += [f"column {name!r}: {k} {meta_b.get(k)}, expected {meta_a.get(k)}" for k in changed]
@@ -239,12 +266,16 @@ class FileWriter:
         self._schema: pa.Schema | None = None
         self._bar = progress_bar(progress, desc=f"writing {self.path.name}", unit="B", unit_scale=True)
         self._done = False
+        self._failed: str | None = None
+        self._fields: dict[str, pa.Field] = {}
 
     def write(self, data: Any) -> None:
         """Append one DataProto (ours or verl's) or TensorDict as the next batch."""
         self._write(to_arrow(data))
 
     def _write(self, batch: pa.RecordBatch) -> None:
+        if self._failed:
+            raise EncodeError(self._failed)
         if self._done:
             raise DataProtoError(f"the writer of {self.path} is closed")
         if self._writer is None:
@@ -259,31 +290,55 @@ class FileWriter:
         before = self._sink.tell()
         try:
             self._writer.write_batch(batch, custom_metadata=batch.schema.metadata)
-        except pa.ArrowException as e:
-            raise EncodeError(f"cannot write batch {self.num_batches} to {self.path}: {e}") from e
+        except (pa.ArrowException, OSError) as e:  # disk full, file-size limit...
+            self._fail(before, f"cannot write batch {self.num_batches} to {self.path}: {e}")
+            raise EncodeError(self._failed) from e
         self.num_batches += 1
         self.num_rows += batch.num_rows
         self._bar.update(self._sink.tell() - before)
 
+    def _fail(self, good_size: int, message: str) -> None:
+        """After a failed write: cut the partial file back to its last complete batch (what
+        :func:`recover_file` reads) and refuse any further use of this writer."""
+        self._failed = (
+            f"{message}; the writer refuses further use: {self._partial} keeps the "
+            f"{self.num_batches} complete batch(es) (recover_file reads them)"
+        )
+        try:
+            os.truncate(self._partial, good_size)
+        except OSError:
+            pass  # recover_file stops at the cut batch anyway
+
     def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        """``batch`` with its all-null columns (no rows, or only ``None``) typed as the file's
-        column of the same name and metadata: their values read back the same either way."""
+        """``batch`` with the columns whose Arrow type their values cannot decide typed as the
+        file's column of the same name (:func:`_adopts`): they read back the same either way."""
         schema, columns = batch.schema, list(batch.columns)
         for i, field in enumerate(batch.schema):
-            if not pa.types.is_null(field.type) or field.name not in self._schema.names:
-                continue
-            expected = self._schema.field(field.name)
-            if not pa.types.is_null(expected.type) and field.metadata == expected.metadata:
+            expected = self._fields.get(field.name)
+            if expected is not None and _adopts(field, len(columns[i]), expected):
                 schema, columns[i] = schema.set(i, expected), pa.nulls(len(columns[i]), expected.type)
         return batch if schema is batch.schema else pa.RecordBatch.from_arrays(columns, schema=schema)
 
     def _start(self, schema: pa.Schema) -> None:
         self._schema = schema
+        self._fields = dict(zip(schema.names, schema))
         footer = {COMPRESSION: self.compression or "none"}
         self._writer = pa.ipc.new_file(self._sink, schema, options=self._options, metadata=footer)
 
     def close(self) -> None:
-        """Write the footer and move the file to ``path`` (replacing any file there)."""
+        """Write the footer and move the file to ``path`` (replacing any file there).
+
+        After a failed :meth:`write` it raises :class:`EncodeError` instead, and ``path`` is
+        left as it was (the partial file keeps the complete batches, see :func:`recover_file`).
+        """
+        if self._failed:
+            self._done = True
+            self._bar.close()
+            try:
+                self._sink.close()
+            except OSError:
+                pass
+            raise EncodeError(self._failed)
         if self._done:
             return
         try:
@@ -313,6 +368,30 @@ class FileWriter:
             self.close()
         else:
             self.abort()
+
+
+_KIND_FROM_ROWS = frozenset({"object", "pickle"})
+"""Kinds of a ``non_tensor_batch`` column that its rows choose (no rows: ``object``)."""
+
+
+def _adopts(field: pa.Field, rows: int, expected: pa.Field) -> bool:
+    """Whether a column may take the file's field ``expected``: an all-null column (no rows or
+    only ``None``) with the same metadata, or a column of no rows whose kind only its rows
+    decide (object or pickled; a strided nested tensor, whose row rank torch forgets without
+    rows) with the file's dtype and device."""
+    if field.equals(expected, check_metadata=True):
+        return False
+    if pa.types.is_null(field.type) and not pa.types.is_null(expected.type) and field.metadata == expected.metadata:
+        return True
+    if rows:
+        return False
+    got, want = text_metadata(field.metadata), text_metadata(expected.metadata)
+    if any(got.get(k) != want.get(k) for k in (DTYPE, DEVICE)):
+        return False
+    kinds = {got.get(KIND), want.get(KIND)}
+    if kinds <= _KIND_FROM_ROWS:
+        return got.get(ROW_SHAPE) == want.get(ROW_SHAPE)
+    return kinds == {"strided"}
 
 
 def _as_batches(data: Any) -> Iterable[Any]:
@@ -611,10 +690,11 @@ class FileReader(_Reader):
         device: str | torch.device | None = None,
         copy: bool = False,
         progress: bool = False,
+        max_decoded_bytes: _limits.MaxDecoded = "auto",
     ):
         super().__init__(allow_pickle=allow_pickle, device=device, copy=copy, progress=progress)
         self.path = Path(path)
-        self._fd: int | None = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        self._fd: int | None = open_regular(self.path)
         try:
             self.file_size = os.fstat(self._fd).st_size
             reader = self._open_ipc()
@@ -631,9 +711,15 @@ class FileReader(_Reader):
         self.compression: str | None = None if compression == "none" else (compression or "unknown")
         narrowest = min(range(len(self.schema)), key=lambda i: _row_bits(self.schema.field(i).type), default=None)
         self._probe_fields = None if self.compression is None or narrowest is None else [narrowest]
+        self._max_decoded = _limits.limit(max_decoded_bytes, self.file_size)
+        self._blocks: list[tuple[int, int, int]] | None = None
 
     def _open_ipc(self, fields: list[int] | None = None) -> pa.ipc.RecordBatchFileReader:
         """A fresh private copy-on-write mapping of the file, opened as an Arrow IPC file."""
+        return self._open_mapped(fields)[0]
+
+    def _open_mapped(self, fields: list[int] | None = None) -> tuple[pa.ipc.RecordBatchFileReader, pa.Buffer]:
+        """:meth:`_open_ipc` and the mapped bytes."""
         if self._fd is None:
             raise DataProtoError(f"{self.path} is closed")
         if self.file_size == 0:
@@ -644,10 +730,24 @@ class FileReader(_Reader):
         if len(source) < 2 * len(MAGIC) + 6 or source[-len(MAGIC):] != MAGIC:
             raise DecodeError(f"{self.path}: {_INCOMPLETE}")
         options = pa.ipc.IpcReadOptions(included_fields=fields or [])
+        data = pa.py_buffer(source)
         try:
-            return pa.ipc.open_file(pa.py_buffer(source), options=options)
+            return pa.ipc.open_file(data, options=options), data
         except (pa.ArrowException, OSError, ValueError) as e:
             raise DecodeError(f"{self.path}: corrupt Arrow file footer: {e}") from e
+
+    def _check_decoded_size(self, data: pa.Buffer, indices: Sequence[int]) -> None:
+        """Refuse (before decompressing) batches that decode to more than ``max_decoded_bytes``
+        together; every column of a batch counts, read or not."""
+        try:
+            if self._blocks is None:
+                self._blocks = _limits.file_blocks(data)
+            total = sum(_limits.block_decoded_bytes(data, self._blocks[i]) for i in indices)
+        except (pa.ArrowException, OSError, ValueError, IndexError) as e:
+            if isinstance(e, DecodeError):
+                raise DecodeError(f"{self.path}: {e}") from None
+            raise DecodeError(f"{self.path}: corrupt Arrow file: {e}") from e
+        _limits.check(total, self._max_decoded, f"{self.path}: batch(es) {list(indices)[:10]}")
 
     @property
     def num_batches(self) -> int:
@@ -660,13 +760,16 @@ class FileReader(_Reader):
         # Uncompressed: read whole batches (zero-copy) and select; included_fields would copy.
         # Compressed: included_fields spares decompressing the other columns.
         pushdown = fields is not None and self.compression is not None
-        reader = self._open_ipc(sorted(fields) if pushdown else None)
+        reader, data = self._open_mapped(sorted(fields) if pushdown else None)
+        if self._max_decoded is not None:  # the footer's word on compression is not trusted
+            self._check_decoded_size(data, indices)
         out = []
         for i in indices:
             try:
                 batch, custom = reader.get_batch_with_custom_metadata(i)
             except (pa.ArrowException, OSError, ValueError) as e:
                 raise DecodeError(f"{self.path}: batch {i} is corrupt: {e}") from e
+            validate_arrow(batch, f"{self.path}: batch {i}")  # before anything reads sizes or values
             metadata = text_metadata(custom) if custom else self._footer_schema_metadata
             if _layout(metadata) != self._layout:
                 raise DecodeError(f"{self.path}: the metadata of batch {i} does not match the file's schema")
@@ -701,6 +804,7 @@ def open_file(
     device: str | torch.device | None = None,
     copy: bool = False,
     progress: bool = False,
+    max_decoded_bytes: int | str | None = "auto",
 ) -> FileReader:
     """Open an Arrow IPC file written by :func:`write_file` / :class:`FileWriter`.
 
@@ -715,11 +819,20 @@ def open_file(
     there (like ``map_location``); ``copy=True`` gives tensors that own their memory
     instead of viewing the mapping. ``progress=True`` shows a bar while reading many batches.
 
+    A file is untrusted input: the batches one read call decompresses may decode to at most
+    ``max_decoded_bytes`` (default ``"auto"``: 64 MiB or 256 times the file's size, whichever
+    is larger; an int: that many bytes; ``None``: no limit), checked from the message headers
+    before anything is decompressed; every batch passes Arrow's full validation before its
+    values or sizes are read. Anything but a regular file (a FIFO, a device, a folder) is
+    refused with :class:`DecodeError` without being opened for reading.
+
     Raises ``FileNotFoundError``/``OSError`` as ``open`` does, :class:`DecodeError` for
     a file that is not an arrow-dataproto Arrow file, truncated or corrupt, and
     :class:`FormatVersionError` for an incompatible format version.
     """
-    return FileReader(path, allow_pickle=allow_pickle, device=device, copy=copy, progress=progress)
+    return FileReader(
+        path, allow_pickle=allow_pickle, device=device, copy=copy, progress=progress, max_decoded_bytes=max_decoded_bytes
+    )
 
 
 def read_file(path: str | os.PathLike, columns: Iterable[str] | None = None, **options: Any) -> DataProto:
@@ -747,6 +860,7 @@ class DatasetReader(_Reader):
         device: str | torch.device | None = None,
         copy: bool = False,
         progress: bool = False,
+        max_decoded_bytes: int | str | None = "auto",
     ):
         super().__init__(allow_pickle=allow_pickle, device=device, copy=copy, progress=progress)
         if not paths:
@@ -754,7 +868,9 @@ class DatasetReader(_Reader):
         self.files: list[FileReader] = []
         try:
             for path in paths:
-                self.files.append(FileReader(path, allow_pickle=allow_pickle, device=device, copy=copy))
+                self.files.append(
+                    FileReader(path, allow_pickle=allow_pickle, device=device, copy=copy, max_decoded_bytes=max_decoded_bytes)
+                )
             first = self.files[0]
             for other in self.files[1:]:
                 differences = schema_difference(first.schema, other.schema)
@@ -821,13 +937,20 @@ def open_dataset(paths: str | os.PathLike | Iterable[str | os.PathLike], **optio
 # ---------------------------------------------------------------- copying and recovery
 
 
-def copy_file(path: str | os.PathLike, out: str | os.PathLike, *, compression: str | None = None) -> int:
+def copy_file(
+    path: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    compression: str | None = None,
+    max_decoded_bytes: int | str | None = "auto",
+) -> int:
     """Copy a file batch by batch into ``out`` with another ``compression``; returns the batch count.
 
     Works on the Arrow data: nothing is decoded, so pickled columns are copied without
-    being unpickled. ``out`` may be ``path`` itself. Errors as in :func:`open_file`.
+    being unpickled (each batch still passes Arrow's full validation first). ``out`` may be
+    ``path`` itself. Errors and ``max_decoded_bytes`` as in :func:`open_file`.
     """
-    with open_file(path) as reader, FileWriter(out, compression=compression) as writer:
+    with open_file(path, max_decoded_bytes=max_decoded_bytes) as reader, FileWriter(out, compression=compression) as writer:
         for i in range(reader.num_batches):
             batch, metadata = reader._read([i], None)[0]
             writer._write(batch.replace_schema_metadata(metadata))
@@ -836,25 +959,41 @@ def copy_file(path: str | os.PathLike, out: str | os.PathLike, *, compression: s
 
 
 def recover_file(
-    path: str | os.PathLike, out: str | os.PathLike, *, compression: str | None = None
+    path: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    compression: str | None = None,
+    max_decoded_bytes: int | str | None = "auto",
 ) -> int:
     """Copy the complete batches of a file whose writer did not finish into a valid file ``out``.
 
     Reads ``path`` as the Arrow stream it holds after its magic bytes and stops at the
-    first batch that is cut short or fails validation; returns the number of batches
-    copied (bytes are copied once; compressed input is decompressed, ``out`` uses
+    first batch that is cut short, fails validation, or is not followed by the start of
+    another message, the end of the stream or the end of the file (a batch whose bytes were
+    cut and then followed by another batch's would otherwise read as complete); returns
+    the number of batches copied (bytes are copied once; compressed input is
+    decompressed, within ``max_decoded_bytes`` as in :func:`open_file`; ``out`` uses
     ``compression``). Works on complete files too (a copy). ``out`` may be ``path``
-    itself. Raises :class:`DecodeError` if ``path`` holds no complete batch.
+    itself. Raises :class:`DecodeError` if ``path`` holds no complete batch or is not a
+    regular file.
     """
     source = Path(path)
+    fd = open_regular(source)
     try:
-        buffer = pa.memory_map(str(source)).read_buffer()  # read-only is fine: batches only get copied
-    except (pa.ArrowException, ValueError) as e:
+        size = os.fstat(fd).st_size
+        mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else b""
+    except (OSError, ValueError) as e:
         raise DecodeError(f"{source}: cannot map the file: {e}") from e
+    finally:
+        os.close(fd)
+    buffer = pa.py_buffer(mapped)  # read-only is fine: batches only get copied
     if buffer.size < 8 or buffer[: len(MAGIC)].to_pybytes() != MAGIC:
         raise DecodeError(f"{source}: {_describe_start(buffer[:8].to_pybytes())}")
+    body = buffer.slice(8)
+    allowed = _limits.limit(max_decoded_bytes, buffer.size)
+    position = pa.BufferReader(body)
     try:
-        stream = pa.ipc.open_stream(buffer.slice(8))
+        stream = pa.ipc.open_stream(position)
         check_schema(stream.schema)
     except (pa.ArrowException, OSError, ValueError) as e:
         raise DecodeError(f"{source}: no complete schema at the start of the file: {e}") from e
@@ -862,13 +1001,25 @@ def recover_file(
     writer = FileWriter(out, compression=compression)
     try:
         while True:
+            start = position.tell()
             try:
+                if allowed is not None:  # from the message header, before decompressing
+                    message = pa.ipc.read_message(body.slice(start))
+                    decoded = _limits.message_decoded_bytes(memoryview(message.metadata), message.body)
+                    _limits.check(decoded, allowed, f"{source}: batch {writer.num_batches}")
                 batch, custom = stream.read_next_batch_with_custom_metadata()
-                batch.validate(full=True)
-            except StopIteration:
+                validate_arrow(batch)
+            except (StopIteration, EOFError):  # the end of the stream (marker or file)
                 break
+            except DecodeError as e:
+                if "max_decoded_bytes" in str(e):
+                    raise
+                break  # a damaged batch: keep what came before
             except (pa.ArrowException, OSError, ValueError):
                 break  # the cut (or a damaged batch): keep what came before
+            end = position.tell()
+            if end < body.size and body[end : end + 4].to_pybytes() != _CONTINUATION:
+                break  # its bytes ran into another message's: it was cut, then written over
             writer._write(batch.replace_schema_metadata(custom or fallback))
         if not writer.num_batches:
             raise DecodeError(f"{source}: no complete batch before the end of the file")
@@ -877,3 +1028,7 @@ def recover_file(
         raise
     writer.close()
     return writer.num_batches
+
+
+_CONTINUATION = b"\xff\xff\xff\xff"
+"""What starts every Arrow IPC message (and the end-of-stream marker)."""

@@ -22,7 +22,9 @@ the Arrow schema), then one per ``non_tensor_batch`` entry.
   becomes a column of pandas' default string dtype (``str`` in pandas 3;
   ``object`` when a value is missing), other object arrays stay object columns
   (dicts stay dicts), a numeric array a numeric column; an N-D array's rows
-  become array cells.
+  become array cells. datetime64/timedelta64 in the units pandas has (s, ms, us,
+  ns) become pandas datetime/timedelta columns; finer units (ps, fs, as) and
+  unit-less ones become object columns of numpy scalars, so nothing is truncated.
 
 ``DataFrame.attrs["meta_info"]`` holds a copy of ``meta_info`` and
 ``DataFrame.attrs["arrow_dataproto"]`` the format metadata of the RecordBatch
@@ -50,6 +52,7 @@ except ImportError as e:  # pragma: no cover - pandas is an optional dependency
     raise ImportError("arrow_dataproto.pandas needs pandas: pip install 'arrow-dataproto[interop]'") from e
 
 from . import _jagged
+from ._limits import check_allocation
 from ._codec import decode, record_batch_of, to_arrow
 from ._container import DataProto
 from ._dtypes import NUMPY_NATIVE, STORAGE, shown_dtype
@@ -267,11 +270,21 @@ def _array_cells(name: str, column: pa.Array, metadata: dict[str, str], copy: bo
     values = decode_column(name, column, metadata, allow_pickle=True)  # pickles this call made
     if values.dtype == object and values.ndim == 1:
         return pd.Series(values, dtype=object)
-    if values.ndim == 1 and values.dtype.kind in "biufcmMUS":
+    if values.ndim == 1 and values.dtype.kind in "biufcUS" or _pandas_time(values.dtype):
         return values.astype(values.dtype.newbyteorder("="), copy=False)
+    if values.ndim == 1 and values.dtype.kind in "mM":  # ps/fs/as or unit-less: pandas would cut or refuse
+        return pd.Series(list(values), dtype=object)
     view = values.copy() if copy else values.view()
     view.flags.writeable = copy
     return _object_column(view, len(view))
+
+
+_PANDAS_TIME_UNITS = ("s", "ms", "us", "ns")
+
+
+def _pandas_time(dtype: np.dtype) -> bool:
+    """A datetime64/timedelta64 dtype pandas holds exactly (one of its four units, step 1)."""
+    return dtype.kind in "mM" and np.datetime_data(dtype) in [(u, 1) for u in _PANDAS_TIME_UNITS]
 
 
 def to_pandas(data: Any, *, copy: bool = False) -> pd.DataFrame:
@@ -401,7 +414,13 @@ def _restore_array(name: str, series: pd.Series, spec: ArraySpec) -> np.ndarray:
     try:
         if dtype.kind in "US":  # strings edited in pandas may have grown: widen, never truncate
             values = values.astype(dtype.kind)
-            return values.astype(dtype) if values.dtype.itemsize <= dtype.itemsize else values
+            if values.dtype.itemsize > dtype.itemsize:
+                return values
+            try:  # a width from attrs (parquet keeps them) may not blow up the memory
+                check_allocation(values.size * dtype.itemsize, values.nbytes, f"dtype {dtype}")
+            except DecodeError as e:
+                raise column_error(DecodeError, name, str(e)) from None
+            return values.astype(dtype)
         return values.astype(dtype, copy=False)
     except (TypeError, ValueError) as e:
         raise _fail(name, f"cannot convert the values to the recorded dtype {dtype}: {e}") from e

@@ -146,6 +146,8 @@ def batch_state(record_batch: pa.RecordBatch) -> tuple[bytes, int, list[tuple]]:
 
 def batch_from_state(schema_bytes: bytes, num_rows: int, columns: list[tuple]) -> pa.RecordBatch:
     """Inverse of :func:`batch_state`, zero-copy over the buffers it is given."""
+    if type(num_rows) is not int or not 0 <= num_rows < 2**63:
+        raise DecodeError(f"corrupt pickled DataProto: row count {str(num_rows)[:40]}")
     try:
         schema = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
         if len(columns) != len(schema):

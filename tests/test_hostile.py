@@ -14,6 +14,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -468,26 +469,25 @@ def test_unknown_recorded_devices_are_refused_or_placed_on_the_cpu(device):
     dp = adp.DataProto(batch=TensorDict({"x": torch.arange(3)}, batch_size=[3]))
     payload = _stream_with(dp, field_meta={"x": {"adp.device": device}})
     try:
-        with pytest.warns(RuntimeWarning):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             out = adp.from_ipc(payload)
     except DecodeError as e:
         assert "'x'" in str(e)
         return
+    assert [w.category for w in caught] == [RuntimeWarning]
     assert out.batch["x"].device.type == "cpu" and out.batch["x"].tolist() == [0, 1, 2]
 
 
 def test_a_recorded_tree_device_that_torch_cannot_load_is_handled():
     dp = adp.DataProto(batch=TensorDict({"x": torch.arange(3)}, batch_size=[3]))
     payload = _stream_with(dp, schema_meta={"adp.device": json.dumps("privateuseone")})
-    try:
-        with pytest.warns(RuntimeWarning):
-            out = adp.from_ipc(payload)
-        assert out.batch["x"].tolist() == [0, 1, 2]
-    except DecodeError:
-        pass
+    with pytest.warns(RuntimeWarning):
+        out = adp.from_ipc(payload)
+    assert out.batch["x"].tolist() == [0, 1, 2]
 
 
-@pytest.mark.parametrize("rows", [2**63, 2**64, -1, 2**63 - 1, "3", 3.0])
+@pytest.mark.parametrize("rows", [2**63, 2**64, -1, -(2**63), "3", 3.0, None])
 def test_a_pickled_state_with_a_lying_row_count(rows):
     reduce, state = adp.DataProto(non_tensor_batch={}).__reduce_ex__(5)
     schema, _, columns = state
@@ -521,10 +521,9 @@ def test_lone_surrogates_are_encode_errors_or_round_trip(where, tmp_path):
 
 def test_a_non_contiguous_memoryview_is_a_decode_error_or_reads():
     payload = adp.to_ipc(_strings("a", "b")).to_pybytes()
-    doubled = np.frombuffer(payload * 2, dtype=np.uint8).reshape(2, -1)
-    view = memoryview(doubled)[:, : len(payload)]  # rows of a 2-D array: C-contiguous? no
     strided = memoryview(np.frombuffer(bytes(b for pair in zip(payload, payload) for b in pair), np.uint8)[::2])
-    for buffer in (strided, view):
+    assert not strided.contiguous
+    for buffer in (strided,):
         try:
             out = adp.from_ipc(buffer)
         except DecodeError:
