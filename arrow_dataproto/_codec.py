@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any, Iterable, Iterator, NamedTuple
 
@@ -112,9 +113,15 @@ def to_arrow(data: Any) -> pa.RecordBatch:
     metadata.update(_objects.encode_meta_info(meta_info))
 
     fields, arrays = [], []
+    structures: dict[int, tuple[torch.Tensor, str]] = {}  # id(offsets) -> (offsets, first column)
     for name, tensor in columns:
         with _utf8_only(name):
             array, spec = encode_tensor(name, tensor)
+            if _jagged.is_jagged(tensor) and tensor.lengths() is None:
+                offsets = tensor.offsets()
+                shared = structures.setdefault(id(offsets), (offsets, name))
+                if shared[1] != name:  # the same ragged structure as an earlier column
+                    spec = replace(spec, offsets_of=shared[1])
             fields.append(pa.field(name, array.type, nullable=False, metadata=spec.metadata()))
         arrays.append(array)
     for name, values in non_tensor.items():
@@ -317,9 +324,10 @@ def decode(
     placement = Placement(device)
     fields = record_batch.schema
 
-    tensors = []
+    tensors, specs = [], []
     for i, name in enumerate(leaf_names):
         spec = TensorSpec.parse(name, text_metadata(fields[i].metadata))
+        specs.append(spec)
         tensor = decode_tensor(name, record_batch.column(i), spec)
         target = placement(spec.device)
         if target is not None and target.type != "cpu":
@@ -341,9 +349,31 @@ def decode(
         metadata = {k: v for k, v in metadata.items() if k not in (META_INFO, META_INFO_ENCODING)}
     decoded_meta_info = _objects.decode_meta_info(metadata, allow_pickle=allow_pickle)
 
+    _share_offsets(leaf_names, specs, tensors)
     batch = None if tree is None else _unflatten(tree, iter(tensors), placement)
     placement.warn()
     return Parts(batch, non_tensor, decoded_meta_info)
+
+
+def _share_offsets(names: list[str], specs: list[TensorSpec], tensors: list[torch.Tensor]) -> None:
+    """Give each jagged column recorded as sharing an earlier column's ragged structure
+    (``adp.offsets_of``) that column's offsets tensor, so that the two combine (``a * b``)
+    as they did when encoded. A column keeps its own offsets when they differ from its
+    partner's (a later batch of a file, whose field metadata is the first batch's, may not
+    share) or when its partner was not decoded (a column subset): sharing is never believed
+    beyond what the bytes show."""
+    index = {name: i for i, name in enumerate(names)}
+    for i, spec in enumerate(specs):
+        j = index.get(spec.offsets_of) if spec.offsets_of is not None else None
+        if j is None:
+            continue
+        if j >= i or specs[j].kind != "jagged":
+            raise column_error(DecodeError, names[i], f"adp.offsets_of names {spec.offsets_of!r}, not an earlier jagged column")
+        values, offsets = _jagged.parts(tensors[i])
+        shared = tensors[j].offsets()
+        if offsets.shape != shared.shape or not torch.equal(offsets, shared.to(offsets.device)):
+            continue
+        tensors[i] = _jagged.build(values.to(shared.device), shared, spec.ragged_idx)
 
 
 def read_stream(buffer: Any, max_decoded_bytes: _limits.MaxDecoded = "auto") -> list[pa.RecordBatch]:

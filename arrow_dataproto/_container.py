@@ -124,7 +124,8 @@ class DataProto:
         return len(next(iter(self.non_tensor_batch.values()))) if self.non_tensor_batch else 0
 
     def _take(self, index: torch.Tensor) -> "DataProto":
-        batch = None if self.batch is None else rows.map_rows(self.batch, lambda t: rows.take(t, index), len(index))
+        shared: rows.Shared = {}  # jagged leaves sharing offsets keep sharing them
+        batch = None if self.batch is None else rows.map_rows(self.batch, lambda t: rows.take(t, index, shared), len(index))
         np_index = index.numpy()
         return DataProto(batch, {k: v[np_index] for k, v in self.non_tensor_batch.items()}, self.meta_info)
 
@@ -132,7 +133,8 @@ class DataProto:
         stop = max(start, stop)
         batch = None
         if self.batch is not None:
-            batch = rows.map_rows(self.batch, lambda t: rows.slice_rows(t, start, stop), stop - start)
+            shared: rows.Shared = {}  # jagged leaves sharing offsets keep sharing them
+            batch = rows.map_rows(self.batch, lambda t: rows.slice_rows(t, start, stop, shared), stop - start)
         return DataProto(batch, {k: v[start:stop] for k, v in self.non_tensor_batch.items()}, self.meta_info)
 
     def __getitem__(self, item: Any) -> "DataProto | DataProtoItem":

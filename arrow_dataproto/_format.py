@@ -31,7 +31,7 @@ from ._dtypes import dtype_from_name, dtype_name
 from .errors import ColumnNotFoundError, DecodeError, EncodeError, FormatVersionError, column_error
 
 FORMAT_NAME = "arrow-dataproto"
-FORMAT_VERSION = (1, 0)
+FORMAT_VERSION = (1, 1)
 """Major.minor. A reader accepts any minor of its own major and refuses other majors."""
 
 # Schema metadata keys
@@ -54,6 +54,9 @@ SHAPE = "adp.shape"
 RAGGED_IDX = "adp.ragged_idx"
 DEVICE = "adp.device"
 ROW_SHAPE = "adp.row_shape"
+OFFSETS_OF = "adp.offsets_of"
+"""Field metadata of a jagged column (since 1.1): the earlier jagged column whose ragged
+structure (offsets) it shares."""
 
 TENSOR_KINDS = ("tensor", "jagged", "strided")
 """``adp.kind`` of the columns of TensorDict leaves."""
@@ -317,11 +320,14 @@ class TensorSpec:
     shape: tuple[int | None, ...]
     device: str | None = None
     ragged_idx: int | None = None
+    offsets_of: str | None = None
 
     def metadata(self) -> dict[str, str]:
         meta = {DTYPE: dtype_name(self.dtype), DEVICE: str(self.device), KIND: self.kind, SHAPE: json.dumps(list(self.shape))}
         if self.ragged_idx is not None:
             meta[RAGGED_IDX] = str(self.ragged_idx)
+        if self.offsets_of is not None:
+            meta[OFFSETS_OF] = self.offsets_of
         return meta
 
     @classmethod
@@ -344,9 +350,12 @@ class TensorSpec:
             check_row_shape(shape, "shape")
             ragged_idx = check(name, shape, meta.get(RAGGED_IDX, ""))
             device = parse_device(meta.get(DEVICE), "device")
+            offsets_of = meta.get(OFFSETS_OF)
+            if offsets_of is not None and kind != "jagged":
+                raise DecodeError(f"{OFFSETS_OF} on a {kind} column")
         except DecodeError as e:
             raise column_error(DecodeError, name, str(e)) from None
-        return cls(kind, dtype, tuple(shape), device, ragged_idx)
+        return cls(kind, dtype, tuple(shape), device, ragged_idx, offsets_of)
 
 
 def _dense_shape(name: str, shape: list, _: str) -> None:

@@ -5,6 +5,8 @@ strided ``torch.nested`` tensors do not support on the batch dimension. These
 helpers select rows of dense tensors, nested tensors and nested TensorDicts
 alike, on whatever device they live. Dense results follow torch: a slice is a
 view, an index list a copy. A jagged result of a slice views the same values.
+Jagged leaves that share one ragged structure (one offsets tensor) still share one
+in the result when the caller passes one ``shared`` memo to every leaf of the operation.
 """
 
 from __future__ import annotations
@@ -15,17 +17,38 @@ from tensordict import TensorDict, is_tensor_collection
 from . import _jagged
 
 
-def take(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+Shared = dict
+"""A memo handed to every leaf of one row operation: jagged leaves that share a ragged
+structure (one offsets tensor) get one new offsets tensor, so that they still combine."""
+
+
+def _once(shared: Shared | None, key: tuple, sources: tuple, compute):
+    """``compute()``, computed once per ``key`` within one row operation (``sources`` are kept
+    alive with the result so that the ids in ``key`` stay theirs)."""
+    if shared is None:
+        return compute()
+    entry = shared.get(key)
+    if entry is None or any(a is not b for a, b in zip(entry[0], sources)):
+        entry = shared[key] = (sources, compute())
+    return entry[1]
+
+
+def take(t: torch.Tensor, index: torch.Tensor, shared: Shared | None = None) -> torch.Tensor:
     """Rows ``index`` (a 1-D int64 tensor) of ``t``, as a new tensor."""
     if _jagged.is_jagged(t):
         values, offsets = _jagged.parts(t)
-        index = index.to(offsets.device)
-        starts, lengths = offsets[:-1][index], (offsets[1:] - offsets[:-1])[index]
-        new_offsets = torch.zeros(len(index) + 1, dtype=offsets.dtype, device=offsets.device)
-        torch.cumsum(lengths, 0, out=new_offsets[1:])
-        gather = torch.repeat_interleave(starts - new_offsets[:-1], lengths) + torch.arange(
-            int(new_offsets[-1]), device=offsets.device
-        )
+
+        def plan() -> tuple[torch.Tensor, torch.Tensor]:
+            at = index.to(offsets.device)
+            starts, lengths = offsets[:-1][at], (offsets[1:] - offsets[:-1])[at]
+            new_offsets = torch.zeros(len(at) + 1, dtype=offsets.dtype, device=offsets.device)
+            torch.cumsum(lengths, 0, out=new_offsets[1:])
+            gather = torch.repeat_interleave(starts - new_offsets[:-1], lengths) + torch.arange(
+                int(new_offsets[-1]), device=offsets.device
+            )
+            return new_offsets, gather
+
+        new_offsets, gather = _once(shared, ("take", id(offsets)), (offsets,), plan)
         return _jagged.build(values[gather.to(values.device)], new_offsets, _jagged.ragged_idx(t))
     if t.is_nested:
         rows = t.unbind()
@@ -33,12 +56,13 @@ def take(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return t[index.to(t.device)]
 
 
-def slice_rows(t: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+def slice_rows(t: torch.Tensor, start: int, stop: int, shared: Shared | None = None) -> torch.Tensor:
     """Rows ``start:stop`` of ``t`` as a view (dense and jagged) or a copy (strided nested)."""
     if _jagged.is_jagged(t):
         values, offsets = _jagged.parts(t)
         first, last = int(offsets[start]), int(offsets[stop])
-        return _jagged.build(values[first:last], offsets[start : stop + 1] - first, _jagged.ragged_idx(t))
+        new_offsets = _once(shared, ("slice", id(offsets)), (offsets,), lambda: offsets[start : stop + 1] - first)
+        return _jagged.build(values[first:last], new_offsets, _jagged.ragged_idx(t))
     if t.is_nested:
         return take(t, torch.arange(start, stop))
     return t[start:stop]
@@ -54,14 +78,20 @@ def row(t: torch.Tensor, i: int) -> torch.Tensor:
     return t[i]
 
 
-def cat(tensors: list[torch.Tensor]) -> torch.Tensor:
+def cat(tensors: list[torch.Tensor], shared: Shared | None = None) -> torch.Tensor:
     """Concatenate along the batch dimension (one copy)."""
     first = tensors[0]
     if _jagged.is_jagged(first):
         parts = [_jagged.parts(t) for t in tensors]
-        shifts = torch.tensor([0] + [int(o[-1]) for _, o in parts[:-1]], device=first.offsets().device).cumsum(0)
-        offsets = torch.cat([parts[0][1][:1]] + [o[1:] + s for (_, o), s in zip(parts, shifts)])
-        return _jagged.build(torch.cat([v for v, _ in parts]), offsets - offsets[0], _jagged.ragged_idx(first))
+        sources = tuple(o for _, o in parts)
+
+        def joined() -> torch.Tensor:
+            shifts = torch.tensor([0] + [int(o[-1]) for o in sources[:-1]], device=first.offsets().device).cumsum(0)
+            offsets = torch.cat([sources[0][:1]] + [o[1:] + s for o, s in zip(sources, shifts)])
+            return offsets - offsets[0]
+
+        offsets = _once(shared, ("cat", *map(id, sources)), sources, joined)
+        return _jagged.build(torch.cat([v for v, _ in parts]), offsets, _jagged.ragged_idx(first))
     if first.is_nested:
         return torch.nested.nested_tensor([r for t in tensors for r in t.unbind()], dtype=first.dtype, device=first.device)
     return torch.cat(tensors)
@@ -77,15 +107,17 @@ def map_rows(td: TensorDict, fn, rows: int | None) -> TensorDict:
     return TensorDict(content, batch_size=batch_size, device=td.device)
 
 
-def cat_rows(tds: list[TensorDict]) -> TensorDict:
-    """Concatenate TensorDicts with the same keys along the batch dimension."""
+def cat_rows(tds: list[TensorDict], shared: Shared | None = None) -> TensorDict:
+    """Concatenate TensorDicts with the same keys along the batch dimension (jagged leaves
+    that share a ragged structure in every input share one in the result)."""
+    shared = {} if shared is None else shared
     first = tds[0]
     keys = list(first.keys())
     for other in tds[1:]:
         if list(other.keys()) != keys:
             raise ValueError(f"cannot concatenate batches with keys {keys} and {list(other.keys())}")
     content = {
-        k: cat_rows([td[k] for td in tds]) if is_tensor_collection(first[k]) else cat([td[k] for td in tds])
+        k: cat_rows([td[k] for td in tds], shared) if is_tensor_collection(first[k]) else cat([td[k] for td in tds], shared)
         for k in keys
     }
     rows = sum(td.batch_size[0] for td in tds)

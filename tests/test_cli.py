@@ -20,7 +20,7 @@ import torch
 from tensordict import TensorDict
 from arrow_dataproto.testing import assert_dataproto_equal, sample_dataproto
 
-from arrow_dataproto import DataProto
+from arrow_dataproto import FORMAT_VERSION, DataProto
 from arrow_dataproto.cli import main
 from arrow_dataproto.files import FileWriter, open_file, read_file, write_file
 
@@ -109,7 +109,7 @@ def test_inspect_json(tmp_path, capsys):
     status, out, _ = call(capsys, "inspect", tmp_path / "f.arrow", "--json")
     assert status == 0
     info = json.loads(out)
-    assert (info["rows"], info["batches"], info["compression"], info["format_version"]) == (6, 1, "none", "1.0")
+    assert (info["rows"], info["batches"], info["compression"], info["format_version"]) == (6, 1, "none", "%d.%d" % FORMAT_VERSION)
     columns = {c["name"]: c for c in info["columns"]}
     assert columns["input_ids"] == {
         "name": "input_ids", "kind": "tensor", "dtype": "int64", "shape": [12], "device": "cpu", "bytes": 6 * 12 * 8,
