@@ -391,7 +391,7 @@ def read_stream(buffer: Any, max_decoded_bytes: _limits.MaxDecoded = "auto") -> 
             _limits.check(_limits.stream_decoded_bytes(source), allowed, "the IPC stream")
         reader = pa.ipc.open_stream(source)
         batches = list(reader)
-    except (pa.ArrowException, OSError, TypeError, ValueError) as e:  # pyarrow raises OSError for corrupt messages
+    except (pa.ArrowException, OSError, TypeError, ValueError, EOFError) as e:  # OSError: corrupt messages
         if isinstance(e, DecodeError):
             raise
         raise DecodeError(f"not a readable Arrow IPC stream: {e}") from e

@@ -744,7 +744,7 @@ class FileReader(_Reader):
             if self._blocks is None:
                 self._blocks = _limits.file_blocks(data)
             total = sum(_limits.block_decoded_bytes(data, self._blocks[i]) for i in indices)
-        except (pa.ArrowException, OSError, ValueError, IndexError) as e:
+        except (pa.ArrowException, OSError, ValueError, IndexError, EOFError) as e:
             if isinstance(e, DecodeError):
                 raise DecodeError(f"{self.path}: {e}") from None
             raise DecodeError(f"{self.path}: corrupt Arrow file: {e}") from e

@@ -18,6 +18,22 @@ reported with the input that caused it. Targets:
 ``file``, ``file-zstd``
     ``files.read_file(path)`` on an Arrow file of two batches (uncompressed /
     compressed), ``allow_pickle=False``.
+``file-reader``
+    ``open_file`` and every reader method (``column_info``, ``batch_rows``,
+    ``column_nbytes``, ``meta_info_encoding``, ``read_meta_info``, ``read_batch``,
+    ``read_rows``, ``read_all`` of a column subset), judged by ``read_all()``.
+``file-copy``, ``file-recover``, ``dataset``
+    ``copy_file`` (a zstd file, copied to lz4), ``recover_file`` and ``open_dataset``
+    of the file's folder (with ``column_nbytes``), judged by reading the result.
+``cli``
+    ``inspect --json``, ``head`` and ``convert`` through ``cli.main`` inside the
+    worker (a crash or hang still shows; an exit status of 1 with its error line is
+    the library's own error), judged by reading the converted file.
+``pandas``
+    ``from_pandas`` of a ``to_pandas`` frame whose ``attrs`` record (schema level or
+    one column's: kind, dtype, shape, row shape, ragged_idx, device) was edited, or
+    whose columns or attrs were dropped: what parquet hands back is believed no more
+    than IPC metadata.
 
 Mutations: bit flips, interesting bytes and integers (biased towards the
 flatbuffer metadata), truncation, deletion, insertion and splices from other
@@ -27,7 +43,14 @@ a duplicated or missing batch); edits of the schema and field metadata
 kind, row shape, meta_info; swapped or renamed fields); for files, the same
 edits of the footer schema or of one batch's metadata; for ``state``, lying
 lengths, null counts, offsets, truncated/flipped/missing buffers and
-children, swapped or dropped columns. One case is one structural or byte
+children, swapped or dropped columns. Structure-aware edits of the record batch
+messages (streams and files): a value inside one buffer (list offsets, lengths,
+values), a buffer's offset or length and a field node's length or null count in
+the message header, and for compressed payloads the compression frame (the
+recorded decoded length of a buffer: huge, negative, short; or the frame's first
+bytes). Metadata values include non-ASCII digits (``"²"``, ``"١"``), 5,000-digit
+numbers, duplicate and colliding tree keys, string widths of 10**8, devices torch
+cannot load (``privateuseone``) and ``adp.offsets_of`` references. One case is one structural or byte
 mutation, sometimes followed by one or two byte (or state) mutations.
 
 Seeds (:data:`SEEDS`): the PPO sample of :mod:`arrow_dataproto.testing`, a chunk of one,
@@ -52,6 +75,10 @@ Findings: ``unexpected:<Class>`` (any other exception from the decoder),
 ``crash:<signal>`` (the worker died) and ``hang`` (no answer within the
 per-case timeout). Each finding's input is saved for replay (as a pickle
 of ``(target, seed, payload)`` next to a JSON note).
+
+The summary also gives, per target, the largest input and the largest rise of
+the worker's peak RSS that one case caused (what a small input made the decoder
+allocate).
 
 The worker runs with one torch thread and an 8 GiB address-space limit, so
 that a payload asking for a huge allocation fails (``MemoryError``, which is
@@ -187,6 +214,67 @@ def _decode_file(payload: bytes) -> adp.DataProto:
         return adp_files.read_file(path)
 
 
+def _in_folder(payload: bytes, use: Callable[[str, str], Any]) -> Any:
+    """``use(path, out)`` with ``payload`` written to ``<tmp>/data/case.arrow`` (``out``: a path next to it)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        os.mkdir(os.path.join(tmp, "data"))
+        path = os.path.join(tmp, "data", "case.arrow")
+        Path(path).write_bytes(payload)
+        return use(path, os.path.join(tmp, "out.arrow"))
+
+
+def _every_reader_method(path: str, out: str) -> adp.DataProto:
+    """``open_file`` and each reader method; the whole file is what is judged."""
+    with adp_files.open_file(path) as reader:
+        reader.column_info()
+        reader.batch_rows
+        reader.column_nbytes()
+        if reader.num_batches:
+            reader.meta_info_encoding(0)
+            if reader.meta_info_encoding(0) != "pickle":
+                reader.read_meta_info(0)
+            reader.read_batch(-1)
+            reader.read_rows(1, 3)
+            if reader.columns and not reader.pickled_columns:
+                reader.read_all(reader.columns[:1])
+        return reader.read_all()
+
+
+def _copied(path: str, out: str) -> adp.DataProto:
+    adp_files.copy_file(path, out, compression="lz4")
+    return adp_files.read_file(out)
+
+
+def _recovered(path: str, out: str) -> adp.DataProto:
+    adp_files.recover_file(path, out)
+    return adp_files.read_file(out)
+
+
+def _dataset(path: str, out: str) -> adp.DataProto:
+    with adp_files.open_dataset(os.path.dirname(path)) as reader:
+        reader.column_nbytes()
+        return reader.read_all()
+
+
+class CommandFailed(adp.DecodeError):
+    """The command line answered with an error line and exit status 1 (the library's own error)."""
+
+
+def _commands(path: str, out: str) -> adp.DataProto:
+    """The CLI in the worker process (a crash or hang still shows): inspect, head, convert."""
+    from arrow_dataproto import cli
+
+    for argv in (["inspect", path, "--json"], ["head", path, "-n", "3"], ["convert", path, out]):
+        status = cli.main(argv)
+        if status != 0:
+            raise CommandFailed(f"{argv[0]} exited with {status}")
+    return adp_files.read_file(out)
+
+
+def _decode_frame(frame) -> adp.DataProto:
+    return adp.from_pandas(frame)
+
+
 @dataclass(frozen=True)
 class Target:
     """A decoder under test: how a seed becomes a payload, how a payload is decoded and mutated."""
@@ -229,6 +317,32 @@ def targets() -> dict[str, Target]:
                 mutate=lambda payload, rng, corpus, target, c=compression: _mutate_file(payload, rng, corpus, target, c),
             )
         )
+    for name, use, compression in (
+        ("file-reader", _every_reader_method, None),
+        ("file-copy", _copied, "zstd"),
+        ("file-recover", _recovered, None),
+        ("dataset", _dataset, "lz4"),
+        ("cli", _commands, None),
+    ):
+        found.append(
+            Target(
+                name,
+                encode=lambda dp, c=compression: _encode_file(dp, c),
+                decode=lambda payload, use=use: _in_folder(payload, use),
+                mutate=lambda payload, rng, corpus, target, c=compression: _mutate_file(payload, rng, corpus, target, c),
+                # `convert` refuses a pickled file outright (exit 1): left out, as for "state"
+                seeds=tuple(s for s in SEEDS if s != "pickled") if name == "cli" else tuple(SEEDS),
+            )
+        )
+    found.append(
+        Target(
+            "pandas",
+            encode=adp.to_pandas,
+            decode=_decode_frame,
+            mutate=lambda payload, rng, corpus, target: _mutate_frame(payload, rng),
+            seeds=tuple(s for s in SEEDS if s != "pickled"),  # a frame holds the objects themselves: nothing to refuse
+        )
+    )
     return {t.name: t for t in found}
 
 
@@ -258,11 +372,13 @@ JSON_JUNK = ["", "{", "null", "[]", "{}", '"x"', "[" * 100_000 + "]" * 100_000, 
 SCHEMA_VALUES = {
     "adp.format": ["arrow-dataproto", "arrow-dataprot0", ""],
     "adp.version": ["1.0", "1.99", "1.1", "2.0", "0.9", "1", "1.", ".1", "1.0.0", "01.0", "\u0661.0", "-1.0", "1.x",
-                    "99999999999999999999.0"],
+                    "99999999999999999999.0", "1.\u00b2", "\u00b2.0", "1." + "0" * 5000, "1" * 5000 + ".0", " 1.0"],
     "adp.batch_size": ["null", "[]", "[0]", "[1]", "[-1]", "[6, 2]", "[6.0]", '["6"]', "[true]",
                        "[9223372036854775807]", "[18446744073709551616]", "6", "{}"],
-    "adp.device": ["null", '"cpu"', '"cuda"', '"cuda:0"', '"meta"', '"bogus"', '"cpu:1"', "5", "[]"],
-    "adp.tree": ["[]", "null", '[["x", [6], null, []]]', "[1]", '[["x"]]', '["x", "x"]', '[["x", [], null, "y"]]'],
+    "adp.device": ["null", '"cpu"', '"cuda"', '"cuda:0"', '"meta"', '"bogus"', '"cpu:1"', "5", "[]",
+                   '"privateuseone"', '"privateuseone:0"', '"cuda:99999999999999999999"', '"\u00e9"', '"cpu\u0000"'],
+    "adp.tree": ["[]", "null", '[["x", [6], null, []]]', "[1]", '[["x"]]', '["x", "x"]', '[["x", [], null, "y"]]',
+                 '["a", ["a", [6], null, ["c"]]]', '["a.c", ["a", [6], null, ["c"]]]', '[["a", [6], "privateuseone", []]]'],
     "adp.meta_info.encoding": ["json", "pickle", "yaml", ""],
     "adp.meta_info": ["[]", "gASVAAAAAAAAAAAu", base64.b64encode(b"\x80\x05junk").decode(), "!!"],
 }
@@ -270,9 +386,13 @@ FIELD_VALUES = {
     "adp.kind": ["tensor", "jagged", "strided", "numeric", "string", "object", "pickle", ""],
     "adp.dtype": ["int8", "uint8", "int64", "float32", "bfloat16", "complex64", "complex128", "bool", "float8_e4m3fn",
                   "bits16", "quint8", "bogus", "<i8", "<f4", "|b1", "|O", "<U5", "|S3", ">i4", "<M8[ns]", "<c8", "V8",
-                  '[["a", "<i4"]]', "<U99999999999", "<U1000000000", "[garbage"],
-    "adp.ragged_idx": ["0", "1", "2", "3", "-1", "", "x", "99999999999999999999", "1.5", "\u0662"],
-    "adp.device": ["cpu", "cuda", "cuda:0", "meta", "bogus", "cpu:1", ""],
+                  '[["a", "<i4"]]', "<U99999999999", "<U1000000000", "[garbage", "<U100000000", "|S100000000",
+                  "<U1", "|S1", "<M8[as]", "<m8[fs]", "<M8", "<m8", "<U0"],
+    "adp.ragged_idx": ["0", "1", "2", "3", "-1", "", "x", "99999999999999999999", "1.5", "\u0662", "\u00b2",
+                       "1" * 5000, " 1", "+1"],
+    "adp.device": ["cpu", "cuda", "cuda:0", "meta", "bogus", "cpu:1", "", "privateuseone", "privateuseone:0",
+                   "cuda:99999999999999999999", "\u00e9", "None", "cpu:-1"],
+    "adp.offsets_of": ["", "x", "input_ids", "responses", "a", "ragged", "hollow", "\u00e9"],
 }
 SHAPE_ITEMS = [0, 1, 2, 3, 7, -1, None, 2**31, 2**32, 2**62, 2**63, 2**64, 1.5, "a", [1], True]
 
@@ -324,8 +444,10 @@ def _edit_tree(text: str, rng: random.Random) -> str:
         tree.pop(i)
     elif op == 2:
         tree.insert(i, tree[i])
-    elif isinstance(tree[i], str):
+    elif isinstance(tree[i], str) and rng.random() < 0.5:
         tree[i] = [tree[i], [rng.choice(INTERESTING_INTS)], None, [tree[i]]]
+    elif isinstance(tree[i], str):  # a colliding key: a nested TensorDict named like a leaf
+        tree.append([tree[i], [6], None, ["c"]])
     else:
         tree[i] = tree[i][0]
     return json.dumps(tree)
@@ -372,7 +494,7 @@ def edit_schema(schema: pa.Schema, rng: random.Random) -> tuple[pa.Schema, str]:
     i = rng.randrange(len(fields))
     if op == "field":
         meta = _decoded(fields[i].metadata)
-        key = rng.choice(sorted(set(meta) | {"adp.kind", "adp.dtype"}))
+        key = rng.choice(sorted(set(meta) | {"adp.kind", "adp.dtype", "adp.device", "adp.ragged_idx", "adp.offsets_of"}))
         fields[i] = fields[i].with_metadata(_set(meta, key, _edit_value(key, meta.get(key, ""), FIELD_VALUES, rng)))
         return pa.schema(fields, metadata=schema.metadata), f"field:{key}"
     j = rng.randrange(len(fields))
@@ -433,6 +555,10 @@ def _mutate_file(payload: bytes, rng: random.Random, corpus: Corpus, target: Tar
             for batch, custom in parts:
                 writer.write_batch(pa.RecordBatch.from_arrays(batch.columns, schema=schema), custom_metadata=custom)
         return sink.getvalue().to_pybytes(), desc
+    if rng.random() < 0.3:
+        mutated = _mutate_body(payload, rng, 8)
+        if mutated is not None:
+            return mutated
     return _mutate_bytes(payload, rng, corpus.donor(target, rng), _file_metadata_spans(payload))
 
 
@@ -482,6 +608,58 @@ def _mutate_bytes(payload: bytes, rng: random.Random, donor: bytes, spans=()) ->
     return bytes(data), f"bytes:{op}"
 
 
+def _mutate_body(payload: bytes, rng: random.Random, base: int) -> tuple[bytes, str] | None:
+    """A structure-aware edit of one record batch message of the IPC stream at ``payload[base:]``:
+    a value inside one buffer (list offsets, lengths, values; for a compressed payload the
+    compression frame: its recorded decoded length or its first bytes), a buffer's offset or
+    length in the header, or a field node's length or null count. None if there is no batch."""
+    from arrow_dataproto import _limits  # its bounds-checked flatbuffer reader
+
+    batches = []
+    for start, meta_end, end in _stream_messages(payload[base:]):
+        metadata = payload[base + start + 8 : base + meta_end]
+        message = _limits._root(metadata)
+        if message.scalar(1, "<B", 0) == 3 and message.table(2) is not None:
+            batches.append((base + start + 8, base + meta_end, message.table(2)))
+    if not batches:
+        return None
+    meta_start, body_start, header = rng.choice(batches)
+    compressed = header.table(3) is not None
+    buffers = header.structs(2, 16)
+    nodes = header.structs(1, 16)
+    data = bytearray(payload)
+
+    def put(pos: int, value: int, width: int = 8) -> None:
+        data[pos : pos + width] = (value % (1 << (8 * width))).to_bytes(width, "little")
+
+    op = rng.choice(["value", "value", "value", "frame" if compressed else "value", "buffer", "node"])
+    if op in ("value", "frame") and buffers:
+        at = rng.choice(buffers)
+        offset, length = (int.from_bytes(header.buf[at + k : at + k + 8], "little", signed=True) for k in (0, 8))
+        if length < 8:
+            return None
+        if op == "frame":  # the int64 decoded length that starts each compressed buffer, or the frame after it
+            if rng.random() < 0.6:
+                put(body_start + offset, rng.choice(INTERESTING_INTS + [length, length * 1000, 2**40]))
+            else:
+                data[body_start + offset + 8 + rng.randrange(min(8, length - 8) or 1)] ^= 1 << rng.randrange(8)
+            return bytes(data), "body:frame"
+        width = rng.choice([4, 8])
+        pos = body_start + offset + rng.randrange(max(1, length // width)) * width
+        old = int.from_bytes(data[pos : pos + width], "little", signed=True)
+        put(pos, rng.choice(INTERESTING_INTS + [old + 1, old - 1, old * 2, -old, old + 1000]), width)
+        return bytes(data), "body:value"
+    if op == "buffer" and buffers:
+        at = meta_start + rng.choice(buffers) + rng.choice([0, 8])
+        put(at, rng.choice(INTERESTING_INTS + [8, 16, 64]))
+        return bytes(data), "body:buffer-header"
+    if nodes:
+        at = meta_start + rng.choice(nodes) + rng.choice([0, 8])
+        put(at, rng.choice(INTERESTING_INTS))
+        return bytes(data), "body:node"
+    return None
+
+
 def _write_stream(batches: list[pa.RecordBatch], schema: pa.Schema, compression: str | None) -> bytes:
     sink = pa.BufferOutputStream()
     options = pa.ipc.IpcWriteOptions(compression=compression, allow_64bit=True)
@@ -511,6 +689,10 @@ def _mutate_stream(payload: bytes, rng: random.Random, corpus: Corpus, target: T
         return _write_stream([pa.RecordBatch.from_arrays(batch.columns, schema=schema)], schema, compression), desc
     if op < 0.45:
         return _recombine(payload, rng, corpus, target)
+    if op < 0.65:
+        mutated = _mutate_body(payload, rng, 0)
+        if mutated is not None:
+            return mutated
     spans = [(start, meta_end) for start, meta_end, _ in _stream_messages(payload)]
     return _mutate_bytes(payload, rng, corpus.donor(target, rng), spans)
 
@@ -533,6 +715,46 @@ def _recombine(payload: bytes, rng: random.Random, corpus: Corpus, target: Targe
         "no-eos": [schema, batch],
     }[op]
     return b"".join(parts), f"messages:{op}"
+
+
+# ---------------------------------------------------------------- DataFrame attrs mutations
+
+RECORD_VALUES = {
+    "version": ["1.0", "1.1", "2.0", "1.\u00b2", "1" * 5000 + ".0", 1, None],
+    "batch_size": [[6], [0], [-1], [2**63], [10**30], None, "6", [6, 2]],
+    "device": [None, "cpu", "privateuseone", "cuda:99999999999999999999", "\u00e9", 5],
+    "tree": [[], ["x", "x"], ["a", ["a", [6], None, ["c"]]], None, [1]],
+    "kind": ["tensor", "jagged", "strided", "numeric", "string", "object", "pickle", "bogus", None],
+    "dtype": ["int64", "float32", "bfloat16", "<i8", "<U100000000", "|S100000000", "<U1", "<M8[as]", "<M8",
+              "|O", "bogus", 5],
+    "shape": [[2**62, 2**62], [10**30], [2**40, 2**40, 2**40], [None], [], [-1], [3], "x", None],
+    "row_shape": [[2**62, 2**62], [10**30], [2**40, 2**40, 2**40], [], [3], [-1], None],
+    "ragged_idx": ["1", "2", "\u00b2", "1" * 5000, 1, None],
+}
+
+
+def _mutate_frame(frame, rng: random.Random) -> tuple[Any, str]:
+    """One edit of what ``from_pandas`` believes: a value of the ``attrs`` record (schema level
+    or one column's), or the frame's own columns (a dropped or renamed one)."""
+    frame = frame.copy(deep=True)
+    record = frame.attrs.get("arrow_dataproto")
+    if not isinstance(record, dict) or rng.random() < 0.15:
+        if len(frame.columns) and rng.random() < 0.5:
+            return frame.drop(columns=[rng.choice(list(frame.columns))]), "frame:drop-column"
+        frame.attrs = {} if rng.random() < 0.5 else frame.attrs
+        return frame, "frame:no-attrs"
+    columns = record.get("columns") or {}
+    if columns and rng.random() < 0.7:
+        name = rng.choice(sorted(columns))
+        key = rng.choice(["kind", "dtype", "shape", "row_shape", "ragged_idx", "device"])
+        if rng.random() < 0.1:
+            columns[name].pop(key, None)
+        else:
+            columns[name][key] = copy.deepcopy(rng.choice(RECORD_VALUES.get(key, RECORD_VALUES["device"])))
+        return frame, f"attrs:column-{key}"
+    key = rng.choice(["version", "batch_size", "device", "tree"])
+    record[key] = copy.deepcopy(rng.choice(RECORD_VALUES[key]))
+    return frame, f"attrs:{key}"
 
 
 # ---------------------------------------------------------------- state mutations
@@ -648,6 +870,8 @@ def make_case(number: int, base_seed: int, corpus: Corpus) -> Case:
     for _ in range(rng.choice([0, 0, 0, 1, 2])):  # stacked mutations: structural ones need a valid payload
         if isinstance(payload, bytes):
             payload, desc = _mutate_bytes(payload, rng, corpus.donor(target, rng))
+        elif target.name == "pandas":
+            payload, desc = _mutate_frame(payload, rng)
         else:
             payload, desc = _mutate_state(payload, rng, corpus)
         descs.append(desc)
@@ -734,14 +958,19 @@ def worker_main() -> None:
     os.dup2(2, 1)  # stray prints must not corrupt the protocol
     corpus = Corpus()
     selftest = Target("selftest", encode=None, decode=_selftest_decode, mutate=None)
-    _send(out_fd, "ready")
+    _send(out_fd, ("ready", _peak_rss()))
     while True:
         try:
             target_name, seed, payload = _receive(0)
         except EOFError:
             return
         target = selftest if target_name == "selftest" else corpus.target(target_name)
-        _send(out_fd, check_case(target, corpus.seeds.get(seed), payload))
+        _send(out_fd, (*check_case(target, corpus.seeds.get(seed), payload), _peak_rss()))
+
+
+def _peak_rss() -> int:
+    """This process's peak resident memory so far, in bytes (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 class Worker:
@@ -751,6 +980,10 @@ class Worker:
         self.timeout = timeout
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
+        self.baseline_rss = self.peak_rss = 0
+        self.growth = 0
+        """How far the last case raised the worker's peak RSS above where it started (bytes): an
+        upper bound of what that case allocated when it set a new peak, else 0."""
 
     def _start(self) -> None:
         self.proc = subprocess.Popen(
@@ -762,7 +995,8 @@ class Worker:
             cwd=ROOT,
         )
         try:
-            self._wait(WORKER_START_TIMEOUT_S)  # "ready"
+            _, self.baseline_rss = self._wait(WORKER_START_TIMEOUT_S)  # ("ready", peak RSS)
+            self.peak_rss = self.baseline_rss
         except (TimeoutError, EOFError):
             raise RuntimeError("the fuzz worker did not start: run `python tests/fuzz.py --worker` to see why") from None
 
@@ -786,9 +1020,13 @@ class Worker:
         """``(outcome, detail)`` of one case; ``crash:<signal>`` or ``hang`` when the worker fails."""
         if self.proc is None:
             self._start()
+        self.growth = 0
         try:
             _send(self.proc.stdin.fileno(), (target, seed, payload))
-            return self._wait(self.timeout)
+            outcome, detail, peak = self._wait(self.timeout)
+            if peak > self.peak_rss:
+                self.growth, self.peak_rss = peak - self.baseline_rss, peak
+            return outcome, detail
         except TimeoutError:
             self._stop()
             return "hang", f"no answer within {self.timeout:.0f} s"
@@ -815,6 +1053,8 @@ class Summary:
     mutations: Counter = field(default_factory=Counter)  # (first mutation, allowed outcome class) -> count
     findings: list[dict] = field(default_factory=list)
     restarts: int = 0
+    largest_input: Counter = field(default_factory=Counter)  # target -> bytes of its largest input
+    growth: Counter = field(default_factory=Counter)  # target -> largest rise of the worker's peak RSS (bytes)
 
     def add(self, other: "Summary") -> None:
         self.cases += other.cases
@@ -822,6 +1062,10 @@ class Summary:
         self.mutations.update(other.mutations)
         self.findings.extend(other.findings)
         self.restarts += other.restarts
+        for name in other.largest_input:
+            self.largest_input[name] = max(self.largest_input[name], other.largest_input[name])
+        for name in other.growth:
+            self.growth[name] = max(self.growth[name], other.growth[name])
 
 
 def save_finding(case: Case, outcome: str, detail: str, out_dir: Path) -> dict:
@@ -852,6 +1096,8 @@ def fuzz(numbers: range, base_seed: int = 0, target_names: list[str] | None = No
             outcome, detail = worker.run(case.target, case.seed, case.payload)
             summary.cases += 1
             summary.outcomes[case.target, outcome] += 1
+            summary.largest_input[case.target] = max(summary.largest_input[case.target], _size(case.payload))
+            summary.growth[case.target] = max(summary.growth[case.target], worker.growth)
             allowed = "finding" if is_finding(outcome) else ("decoded" if outcome in ("exact", "valid") else "error")
             summary.mutations[case.mutation.split("+")[0].split(":")[0], allowed] += 1
             if is_finding(outcome):
@@ -865,6 +1111,11 @@ def fuzz(numbers: range, base_seed: int = 0, target_names: list[str] | None = No
             worker.close()
     summary.restarts = worker.restarts - restarts
     return summary
+
+
+def _size(payload: Any) -> int:
+    """Bytes of a case's input (a pickling state or a DataFrame: its pickle)."""
+    return len(payload) if isinstance(payload, bytes) else len(pickle.dumps(payload, protocol=5))
 
 
 def _shard(args: tuple) -> Summary:
@@ -911,6 +1162,12 @@ def write_summary(summary: Summary, path: Path, command: str, wall: float, jobs:
     for name in names:
         counts = [summary.outcomes[name, o] for o in outcomes]
         lines.append(f"| {name} | " + " | ".join(map(str, counts)) + f" | {sum(counts)} |")
+    lines += ["", "Memory: the largest input of each target, and the largest rise of the worker's peak RSS "
+              "over its start that one case caused (an upper bound of what a case allocated; the worker "
+              f"runs under an {WORKER_MEMORY_LIMIT >> 30} GiB address-space limit):", "",
+              "| target | largest input | largest peak-RSS rise |", "|---|---:|---:|"]
+    for name in names:
+        lines.append(f"| {name} | {summary.largest_input[name] / 1024:.0f} KiB | {summary.growth[name] / 2**20:.1f} MiB |")
     lines += ["", "Outcome class by first mutation:", "", "| mutation | decoded | library error | finding |",
               "|---|---:|---:|---:|"]
     for kind in sorted({k for k, _ in summary.mutations}):
