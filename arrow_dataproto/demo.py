@@ -15,7 +15,7 @@ import time
 import torch
 
 from . import DataProto, from_ipc, open_file, receive_options, to_arrow, to_ipc, write_file
-from .samples import ppo_batch
+from .testing.samples import ppo_batch
 
 
 def _timed(label: str, fn, *args, **kwargs):
