@@ -81,6 +81,7 @@ from ._format import (
     text_metadata,
 )
 from ._objects import PICKLE, decode_meta_info
+from ._progress import progress_bar
 
 __all__ = [
     "ColumnInfo",
@@ -102,41 +103,6 @@ _INCOMPLETE = (
     "or the file was cut short; recover_file(path, new_path) or `arrow-dataproto recover` copies "
     "its complete batches into a valid file"
 )
-
-
-# ---------------------------------------------------------------- progress
-
-
-class _Silent:
-    """Stands in for a tqdm bar when progress is off or tqdm is not installed."""
-
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    @staticmethod
-    def write(line: str) -> None:
-        print(line)
-
-    def __enter__(self) -> "_Silent":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
-
-
-def progress_bar(enabled: bool, **kwargs):
-    """A ``tqdm.auto.tqdm(**kwargs)`` bar if ``enabled`` and tqdm is installed, else a silent
-    stand-in with the same ``update``/``close``/``write`` methods and context manager."""
-    if enabled:
-        try:
-            from tqdm.auto import tqdm
-        except ImportError:
-            return _Silent()
-        return tqdm(**kwargs)
-    return _Silent()
 
 
 # ---------------------------------------------------------------- metadata helpers
@@ -821,18 +787,32 @@ def open_dataset(paths: str | os.PathLike | Iterable[str | os.PathLike], **optio
 # ---------------------------------------------------------------- copying and recovery
 
 
+def _write_all(batches: Iterable[tuple[pa.RecordBatch, dict[str, str]]], out: str | os.PathLike, compression: str | None) -> FileWriter:
+    """Write ``(batch, schema metadata)`` pairs as they are (nothing decoded) into a new file ``out``;
+    on an error the partial file is deleted and ``out`` left as it was. Returns the closed writer."""
+    writer = FileWriter(out, compression=compression)
+    try:
+        for batch, metadata in batches:
+            writer._write(batch.replace_schema_metadata(metadata))
+    except BaseException:
+        writer.abort()
+        raise
+    return writer
+
+
 def copy_file(path: str | os.PathLike, out: str | os.PathLike, *, compression: str | None = None) -> int:
-    """Copy a file batch by batch into ``out`` with another ``compression``; returns the batch count.
+    """Copy a complete file batch by batch into ``out`` with another ``compression``; returns
+    the batch count.
 
     Works on the Arrow data: nothing is decoded, so pickled columns are copied without
-    being unpickled. ``out`` may be ``path`` itself. Errors as in :func:`open_file`.
+    being unpickled. ``out`` may be ``path`` itself. Errors as in :func:`open_file`; for a
+    file whose writer did not finish, see :func:`recover_file`.
     """
-    with open_file(path) as reader, FileWriter(out, compression=compression) as writer:
-        for i in range(reader.num_batches):
-            batch, metadata = reader._read([i], None)[0]
-            writer._write(batch.replace_schema_metadata(metadata))
-    return reader.num_batches
-
+    with open_file(path) as reader:
+        batches = (reader._read([i], None)[0] for i in range(reader.num_batches))
+        writer = _write_all(batches, out, compression)
+    writer.close()
+    return writer.num_batches
 
 
 def recover_file(
@@ -858,22 +838,22 @@ def recover_file(
         check_schema(stream.schema)
     except (pa.ArrowException, OSError, ValueError) as e:
         raise DecodeError(f"{source}: no complete schema at the start of the file: {e}") from e
-    fallback = stream.schema.metadata
-    writer = FileWriter(out, compression=compression)
-    try:
+
+    def complete_batches() -> Iterator[tuple[pa.RecordBatch, dict[str, str]]]:
+        fallback = stream.schema.metadata
         while True:
             try:
                 batch, custom = stream.read_next_batch_with_custom_metadata()
                 batch.validate(full=True)
             except StopIteration:
-                break
+                return
             except (pa.ArrowException, OSError, ValueError):
-                break  # the cut (or a damaged batch): keep what came before
-            writer._write(batch.replace_schema_metadata(custom or fallback))
-        if not writer.num_batches:
-            raise DecodeError(f"{source}: no complete batch before the end of the file")
-    except BaseException:
+                return  # the cut (or a damaged batch): keep what came before
+            yield batch, custom or fallback
+
+    writer = _write_all(complete_batches(), out, compression)
+    if not writer.num_batches:
         writer.abort()
-        raise
+        raise DecodeError(f"{source}: no complete batch before the end of the file")
     writer.close()
     return writer.num_batches
