@@ -9,6 +9,8 @@ view, an index list a copy. A jagged result of a slice views the same values.
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 from tensordict import TensorDict, is_tensor_collection
 
@@ -59,7 +61,7 @@ def cat(tensors: list[torch.Tensor]) -> torch.Tensor:
     first = tensors[0]
     if _jagged.is_jagged(first):
         parts = [_jagged.parts(t) for t in tensors]
-        shifts = torch.tensor([0] + [int(o[-1]) for _, o in parts[:-1]], device=first.offsets().device).cumsum(0)
+        shifts = torch.tensor([0] + [int(o[-1]) for _, o in parts[:-1]], device=parts[0][1].device).cumsum(0)
         offsets = torch.cat([parts[0][1][:1]] + [o[1:] + s for (_, o), s in zip(parts, shifts)])
         return _jagged.build(torch.cat([v for v, _ in parts]), offsets - offsets[0], _jagged.ragged_idx(first))
     if first.is_nested:
@@ -67,7 +69,7 @@ def cat(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(tensors)
 
 
-def map_rows(td: TensorDict, fn, rows: int | None) -> TensorDict:
+def map_rows(td: Any, fn: Callable[[torch.Tensor], torch.Tensor], rows: int | None) -> TensorDict:
     """A TensorDict whose every leaf is ``fn(leaf)``, keeping keys, nesting and device.
 
     Its first batch dimension becomes ``rows``, or is dropped when ``rows`` is None (``fn`` picked one row).

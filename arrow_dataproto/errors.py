@@ -8,6 +8,8 @@ keep working.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 
 class DataProtoError(Exception):
     """Base class of every error raised by arrow-dataproto."""
@@ -41,6 +43,9 @@ class ColumnNotFoundError(DataProtoError, KeyError):
     """A column asked for by name is not in the file or batch."""
 
 
-def column_error(cls: type[DataProtoError], column: str, message: str) -> DataProtoError:
+_Error = TypeVar("_Error", bound=DataProtoError)
+
+
+def column_error(cls: type[_Error], column: str, message: str) -> _Error:
     """Build ``cls`` with a message that names the column it concerns."""
     return cls(f"column {column!r}: {message}")

@@ -213,10 +213,11 @@ class FileWriter:
     def _write(self, batch: pa.RecordBatch) -> None:
         if self._done:
             raise DataProtoError(f"the writer of {self.path} is closed")
-        if self._writer is None:
-            self._start(batch.schema)
+        if self._writer is None or self._schema is None:
+            writer = self._start(batch.schema)
         else:
-            batch = self._conform(batch)
+            writer = self._writer
+            batch = self._conform(batch, self._schema)
             differences = schema_difference(self._schema, batch.schema)
             if differences:
                 raise SchemaMismatchError(
@@ -224,38 +225,38 @@ class FileWriter:
                 )
         before = self._sink.tell()
         try:
-            self._writer.write_batch(batch, custom_metadata=batch.schema.metadata)
+            writer.write_batch(batch, custom_metadata=batch.schema.metadata)
         except pa.ArrowException as e:
             raise EncodeError(f"cannot write batch {self.num_batches} to {self.path}: {e}") from e
         self.num_batches += 1
         self.num_rows += batch.num_rows
         self._bar.update(self._sink.tell() - before)
 
-    def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+    def _conform(self, batch: pa.RecordBatch, file_schema: pa.Schema) -> pa.RecordBatch:
         """``batch`` with its all-null columns (no rows, or only ``None``) typed as the file's
         column of the same name and metadata: their values read back the same either way."""
         schema, columns = batch.schema, list(batch.columns)
         for i, field in enumerate(batch.schema):
-            if not pa.types.is_null(field.type) or field.name not in self._schema.names:
+            if not pa.types.is_null(field.type) or field.name not in file_schema.names:
                 continue
-            expected = self._schema.field(field.name)
+            expected = file_schema.field(field.name)
             if not pa.types.is_null(expected.type) and field.metadata == expected.metadata:
                 schema, columns[i] = schema.set(i, expected), pa.nulls(len(columns[i]), expected.type)
         return batch if schema is batch.schema else pa.RecordBatch.from_arrays(columns, schema=schema)
 
-    def _start(self, schema: pa.Schema) -> None:
+    def _start(self, schema: pa.Schema) -> pa.ipc.RecordBatchFileWriter:
         self._schema = schema
         footer = {COMPRESSION: self.compression or "none"}
         self._writer = pa.ipc.new_file(self._sink, schema, options=self._options, metadata=footer)
+        return self._writer
 
     def close(self) -> None:
         """Write the footer and move the file to ``path`` (replacing any file there)."""
         if self._done:
             return
         try:
-            if self._writer is None:
-                self._start(to_arrow(DataProto()).schema)
-            self._writer.close()
+            writer = self._writer or self._start(to_arrow(DataProto()).schema)
+            writer.close()
             self._sink.close()
             os.replace(self._partial, self.path)
         except BaseException:
@@ -507,7 +508,7 @@ class _Reader:
             if not self.num_batches:
                 return DataProto()
             first = min(bisect.bisect_right(bounds, start) - 1, self.num_batches - 1)
-            spans = [(first, 0, 0)]
+            spans: list[tuple[int, int, int | None]] = [(first, 0, 0)]
         else:
             spans = [
                 (i, max(start, bounds[i]) - bounds[i], min(stop, bounds[i + 1]) - bounds[i])

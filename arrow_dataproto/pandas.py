@@ -241,8 +241,8 @@ def _dense_cells(t: torch.Tensor, copy: bool) -> Any:
 def _jagged_cells(t: torch.Tensor, copy: bool) -> pd.Series:
     values, offsets = _jagged.parts(t)
     axis = _jagged.ragged_idx(t) - 1
-    values, bounds = _to_numpy(values, copy), offsets.tolist()
-    cells = (np.moveaxis(values[a:b], 0, axis) for a, b in zip(bounds[:-1], bounds[1:]))
+    array, bounds = _to_numpy(values, copy), offsets.tolist()
+    cells = (np.moveaxis(array[a:b], 0, axis) for a, b in zip(bounds[:-1], bounds[1:]))
     return _object_column(cells, len(bounds) - 1)
 
 
@@ -353,7 +353,8 @@ def _dense(name: str, series: pd.Series, spec: TensorSpec) -> torch.Tensor:
     else:
         arrays = _row_arrays(name, series)
         _check_shapes(name, arrays, spec.shape)
-        values = np.array(arrays) if arrays else np.empty((0, *spec.shape), dtype=_numpy_dtype(spec.dtype))
+        empty_shape = (0, *(int(n or 0) for n in spec.shape))  # dense: no ragged dimension
+        values = np.array(arrays) if arrays else np.empty(empty_shape, dtype=_numpy_dtype(spec.dtype))
     return _tensor(name, values, spec.dtype)
 
 
