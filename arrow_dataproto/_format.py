@@ -32,6 +32,9 @@ FORMAT_NAME = "arrow-dataproto"
 FORMAT_VERSION = (1, 0)
 """Major.minor. A reader accepts any minor of its own major and refuses other majors."""
 
+KEY_PREFIX = "adp."
+"""Every metadata key of the format starts with it."""
+
 # Schema metadata keys
 FORMAT = "adp.format"
 VERSION = "adp.version"

@@ -57,8 +57,10 @@ from ._format import (
     ARRAY_KINDS,
     BATCH_SIZE,
     DEVICE,
+    DTYPE,
     FORMAT,
     FORMAT_NAME,
+    KEY_PREFIX,
     KIND,
     RAGGED_IDX,
     ROW_SHAPE,
@@ -87,7 +89,6 @@ META_INFO = "meta_info"
 
 _STRING_DTYPE = pd.Series([""]).dtype
 """pandas' default dtype for strings (``str`` in pandas 3, ``object`` before)."""
-_PREFIX = "adp."
 _SCHEMA_KEYS = {VERSION: False, BATCH_SIZE: True, TD_DEVICE: True, TREE: True}
 """Schema metadata keys the record holds (True: a JSON value)."""
 _JSON_FIELD_KEYS = (SHAPE, ROW_SHAPE, RAGGED_IDX)
@@ -98,7 +99,7 @@ _JSON_FIELD_KEYS = (SHAPE, ROW_SHAPE, RAGGED_IDX)
 
 
 def _record_key(key: str) -> str:
-    return key.removeprefix(_PREFIX)
+    return key.removeprefix(KEY_PREFIX)
 
 
 def _field_record(metadata: dict[str, str]) -> dict[str, Any]:
@@ -108,7 +109,7 @@ def _field_record(metadata: dict[str, str]) -> dict[str, Any]:
 def _field_metadata(name: str, record: Any) -> dict[str, str]:
     if not isinstance(record, dict):
         raise column_error(DecodeError, name, f"malformed column record {record!r}")
-    keys = {_record_key(k): k for k in (KIND, "adp.dtype", SHAPE, ROW_SHAPE, RAGGED_IDX, DEVICE)}
+    keys = {_record_key(k): k for k in (KIND, DTYPE, SHAPE, ROW_SHAPE, RAGGED_IDX, DEVICE)}
     try:
         return {
             keys[k]: json.dumps(v) if keys[k] in _JSON_FIELD_KEYS else str(v)
