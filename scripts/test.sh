@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh main
 # Import rules (pyproject.toml [tool.importlinter]): layers without cycles, no private names across modules.
-PYTHONPATH=tests .venv/bin/lint-imports
+PYTHONPATH=.:tests .venv/bin/lint-imports
 .venv/bin/python -m pytest "$@"
 if [ "${ADP_SKIP_COMPAT:-0}" != 1 ]; then
     bash scripts/setup.sh compat
