@@ -337,9 +337,12 @@ def run_child(scenario: str, user: tuple[int, int] | None = None, python: str = 
 
 
 @LINUX
-def test_an_object_larger_than_the_store(ray_session):
-    """Ray's fallback allocation: a deleted file on disk, also held by the raylet."""
-    assert "fallback allocation: private view, exact, writes private" in run_child("larger-than-store")
+def test_objects_beyond_the_store(ray_session):
+    """Ray's fallback allocation (an object larger than the store: a deleted file on disk,
+    also held by the raylet) and objects spilled to disk, then restored."""
+    out = run_child("beyond-the-store")
+    assert "fallback allocation: private view, exact, writes private" in out
+    assert "spilled and restored: private view, exact, writes private" in out
 
 
 def _drop_to(user: tuple[int, int]) -> list[str]:
@@ -391,21 +394,36 @@ def _start_ray(store: int) -> None:
     )
 
 
-def child_larger_than_store() -> None:
+def _check_private_view(ref, expected) -> None:
     import ray
 
-    _start_ray(80 * MiB)
-    dp = batch(rows=160, cols=128 * 1024)  # 160 MiB
-    expected = checksum(dp)
-    ref = ray.put(dp)
     got = ray.get(ref)
     found = mapping_of(got.batch["input_ids"].data_ptr())
-    assert found is not None and found[0] == "rw-p" and found[2], found
+    assert found is not None and found[0] == "rw-p" and found[2], found  # a private mapping of a file
     assert checksum(got) == expected
     got.batch["input_ids"][::7].add_(3)
     assert checksum(ray.get(ref)) == expected
     assert receive_mode().mode == "on_write"
+
+
+def child_beyond_the_store() -> None:
+    import ray
+
+    _start_ray(80 * MiB)
+    dp = batch(rows=160, cols=128 * 1024)  # 160 MiB: a fallback allocation
+    ref = ray.put(dp)
+    _check_private_view(ref, checksum(dp))
     print("fallback allocation: private view, exact, writes private")
+    del ref, dp
+
+    batches = [batch(rows=30, cols=128 * 1024, seed=s) for s in range(4)]  # 30 MiB each: the first ones spill
+    refs = [ray.put(b) for b in batches]
+    from ray._private.internal_api import memory_summary
+
+    summary = memory_summary(address=ray.get_runtime_context().gcs_address, stats_only=True)
+    assert "Spilled" in summary, summary  # the first objects went to disk; getting one restores it
+    _check_private_view(refs[0], checksum(batches[0]))
+    print("spilled and restored: private view, exact, writes private")
     ray.shutdown()
 
 
@@ -436,4 +454,4 @@ class _ChildReader:
 
 
 if __name__ == "__main__":
-    {"larger-than-store": child_larger_than_store, "unprivileged": child_unprivileged}[sys.argv[1]]()
+    {"beyond-the-store": child_beyond_the_store, "unprivileged": child_unprivileged}[sys.argv[1]]()
