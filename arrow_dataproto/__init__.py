@@ -5,6 +5,7 @@ Public API::
     DataProto, DataProtoItem                   the batch container (verl-compatible)
     to_arrow, from_arrow, to_ipc, from_ipc     the codec (FORMAT_VERSION: the format it writes)
     ReceiveOptions, receive_options, ...       what an unpickled DataProto copies and where it goes
+    receive_mode                               the receive mode in force here (copy-on-write by default), and why
     DataProtoError and its subclasses          every error the library raises
 
 Namespaces::
@@ -32,7 +33,7 @@ from .errors import (
     PickleNotAllowedError,
     SchemaMismatchError,
 )
-from .pickling import ReceiveOptions, get_receive_options, receive_options, set_receive_options
+from .pickling import ReceiveMode, ReceiveOptions, get_receive_options, receive_mode, receive_options, set_receive_options
 
 __version__ = "0.1.0"
 
@@ -44,7 +45,9 @@ __all__ = [
     "to_ipc",
     "from_ipc",
     "FORMAT_VERSION",
+    "ReceiveMode",
     "ReceiveOptions",
+    "receive_mode",
     "get_receive_options",
     "receive_options",
     "set_receive_options",

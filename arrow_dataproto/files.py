@@ -6,7 +6,7 @@ per DataProto written, every batch with the same columns. Layout:
 
 - the footer schema is the first batch's schema: the columns, their field
   metadata (torch dtype, per-row shape, device, layout) and that batch's schema
-  metadata (see :mod:`arrow_dataproto.codec`);
+  metadata (see ``docs/format.md``);
 - every batch carries its own schema metadata as the batch's custom metadata,
   so its batch size, TensorDict tree and ``meta_info`` read back exactly;
 - the footer metadata records the compression (``adp.compression``).
