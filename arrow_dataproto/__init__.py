@@ -2,7 +2,8 @@
 
 Public API::
 
-    DataProto, DataProtoItem                   the batch container (verl-compatible)
+    DataProto, DataProtoItem, DataProtoConfig  the batch container (verl-compatible; verl's
+                                               module-level helpers: arrow_dataproto.verl_api)
     to_arrow, from_arrow, to_ipc, from_ipc     the codec
     receive_options, set_receive_options       what an unpickled DataProto copies and where it goes
     write_file, FileWriter, open_file,         Arrow IPC files of batches (arrow_dataproto.files)
@@ -13,17 +14,21 @@ Public API::
 
 from .codec import FORMAT_VERSION, from_arrow, from_ipc, to_arrow, to_ipc
 from .errors import (
+    ArgumentTypeError,
+    BatchError,
     ColumnNotFoundError,
     DataProtoError,
     DecodeError,
     EncodeError,
     FormatVersionError,
+    KeyNotFoundError,
     PickleNotAllowedError,
+    RowIndexError,
     SchemaMismatchError,
 )
 from .files import FileWriter, open_dataset, open_file, read_file, recover_file, write_file
 from .pickling import ReceiveOptions, get_receive_options, receive_options, set_receive_options
-from .protocol import DataProto, DataProtoItem
+from .protocol import DataProto, DataProtoConfig, DataProtoItem
 
 __version__ = "0.1.0"
 
@@ -39,6 +44,7 @@ def __getattr__(name: str):
 __all__ = [
     "DataProto",
     "DataProtoItem",
+    "DataProtoConfig",
     "to_arrow",
     "from_arrow",
     "to_ipc",
@@ -54,11 +60,15 @@ __all__ = [
     "read_file",
     "open_dataset",
     "recover_file",
+    "ArgumentTypeError",
+    "BatchError",
     "ColumnNotFoundError",
     "DataProtoError",
     "DecodeError",
     "EncodeError",
     "FormatVersionError",
+    "KeyNotFoundError",
     "PickleNotAllowedError",
+    "RowIndexError",
     "SchemaMismatchError",
 ]
