@@ -268,7 +268,7 @@ class DataProto:
             start, stop, step = item.indices(length)
             if step == 1:
                 return self._slice(start, stop)
-            return self._take(torch.arange(start, stop, step))
+            return self._take(torch.arange(len(range(start, stop, step))) * step + start)
         if isinstance(item, (list, tuple, range, np.ndarray, torch.Tensor)):
             return self._take(_index_tensor(item, length))
         raise ArgumentTypeError(f"Indexing with {type(item).__name__} is not supported")
