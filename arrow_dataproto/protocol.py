@@ -843,7 +843,8 @@ def _key_list(keys: Any) -> list:
 
 def _nbytes(t: torch.Tensor) -> int:
     if t.is_nested:
-        return sum(r.numel() for r in t.unbind()) * t.element_size()
+        count = t.values().numel() if t.layout == torch.jagged else sum(r.numel() for r in t.unbind())
+        return count * t.element_size()
     return t.numel() * t.element_size()
 
 

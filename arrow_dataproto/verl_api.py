@@ -33,6 +33,7 @@ from .protocol import (
     DataProto,
     DataProtoConfig,
     DataProtoItem,
+    _positive,
     list_of_dict_to_dict_of_list,
     union_numpy_dict,
     union_tensor_dict,
@@ -62,12 +63,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
-
-
-def _positive(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise BatchError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 # ---------------------------------------------------------------- padding

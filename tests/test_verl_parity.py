@@ -944,6 +944,11 @@ DIFFERENCES = {
         AssertionError,  # verl's padding concatenates, merging meta_info, then drops the merged meta_info
         lambda out: out is None,
     ),
+    "row operations on a jagged column": (
+        lambda cls, m: cls.from_dict({"j": torch.nested.nested_tensor([torch.arange(i + 1) for i in range(4)], layout=torch.jagged)})[1:3],
+        RuntimeError,  # and index lists, masks, concat, repeat: verl's DataProto handles only chunk and [int] there
+        lambda out: [r.tolist() for r in out.batch["j"].unbind()] == [[0, 1], [0, 1, 2]],
+    ),
     "chunk count of zero": (
         lambda cls, m: cls.from_dict(*_rows(4)).chunk(0),
         ZeroDivisionError,
