@@ -6,6 +6,7 @@ Public API::
                                                module-level helpers: arrow_dataproto.verl_api)
     to_arrow, from_arrow, to_ipc, from_ipc     the codec
     receive_options, set_receive_options       what an unpickled DataProto copies and where it goes
+    receive_mode                               the receive mode in force here (copy-on-write by default), and why
     write_file, FileWriter, open_file,         Arrow IPC files of batches (arrow_dataproto.files)
     read_file, open_dataset, recover_file
     to_pandas, from_pandas                     DataFrames (arrow_dataproto.pandas; needs pandas)
@@ -27,7 +28,7 @@ from .errors import (
     SchemaMismatchError,
 )
 from .files import FileWriter, open_dataset, open_file, read_file, recover_file, write_file
-from .pickling import ReceiveOptions, get_receive_options, receive_options, set_receive_options
+from .pickling import ReceiveMode, ReceiveOptions, get_receive_options, receive_mode, receive_options, set_receive_options
 from .protocol import DataProto, DataProtoConfig, DataProtoItem
 
 __version__ = "0.1.0"
@@ -50,7 +51,9 @@ __all__ = [
     "to_ipc",
     "from_ipc",
     "FORMAT_VERSION",
+    "ReceiveMode",
     "ReceiveOptions",
+    "receive_mode",
     "get_receive_options",
     "receive_options",
     "set_receive_options",
