@@ -634,7 +634,8 @@ class DataProto:
         return type(self)(self.batch, dict(self.non_tensor_batch), dict(self.meta_info))
 
     def __deepcopy__(self, memo: dict) -> "DataProto":
-        batch = None if self.batch is None else self.batch.clone()
+        # leaf by leaf: TensorDict.clone() of a batch with a device takes a foreach path strided nested tensors lack
+        batch = None if self.batch is None else rows.map_rows(self.batch, torch.clone, self.batch.batch_size[0])
         return type(self)(batch, _copy.deepcopy(self.non_tensor_batch, memo), _copy.deepcopy(self.meta_info, memo))
 
     def __reduce_ex__(self, protocol: int):

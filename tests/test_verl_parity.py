@@ -246,6 +246,14 @@ def test_make_iterator_yields_copies_of_every_kind():
 # ---------------------------------------------------------------- keys
 
 
+def test_deepcopy_of_a_batch_with_a_device_and_a_strided_column():
+    dp = every_kind(3).to("cpu")
+    for copied in (copy.deepcopy(dp), dp.select(deepcopy=True)):
+        assert copied.batch.device == torch.device("cpu")
+        assert_dataproto_equal(dp, copied)
+        assert copied.batch["input_ids"].data_ptr() != dp.batch["input_ids"].data_ptr()
+
+
 def test_select_keeps_this_order_and_refuses_missing_keys():
     dp = every_kind(3)
     picked = dp.select(non_tensor_batch_keys=["score", "uid"], meta_info_keys=["global_steps", "temperature"])
@@ -982,3 +990,30 @@ def test_documented_difference_verl(verl, name):
     else:
         with pytest.raises(failure):
             call(verl.DataProto, verl)
+
+
+# ---------------------------------------------------------------- on a GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_row_operations_on_cuda_match_the_cpu():
+    cpu = every_kind(6).to("cpu")  # a TensorDict device of "cpu", as .to("cpu") of the CUDA results gives
+    cuda = copy.deepcopy(cpu).to("cuda")
+    operations = [
+        lambda dp: dp.chunk(3),
+        lambda dp: dp.array_split(4),
+        lambda dp: [DataProto.concat(dp.chunk(2))],
+        lambda dp: [dp.sample_level_repeat([2, 0, 1, 1, 0, 3])],
+        lambda dp: [dp.unfold_column_chunks(2, ["old_log_probs"]) if dp.batch["old_log_probs"].shape[1] % 2 == 0 else dp.repeat(2)],
+        lambda dp: list(dp.make_iterator(3, 1, seed=0, dataloader_kwargs={"shuffle": True})),
+        lambda dp: [verl_api.pad_dataproto_to_divisor(dp, 4)[0]],
+        lambda dp: [verl_api.collate_fn([dp[i] for i in (5, 1)])],
+    ]
+    for operation in operations:
+        for on_cpu, on_cuda in zip(operation(cpu), operation(cuda)):
+            assert all(t.is_cuda for t in on_cuda.batch.values(include_nested=True, leaves_only=True))
+            assert_dataproto_equal(on_cpu, on_cuda.to("cpu"))
+    reordered = copy.deepcopy(cuda)
+    reordered.reorder(torch.tensor([5, 4, 3, 2, 1, 0], device="cuda"))
+    assert_rows(reordered.to("cpu"), cpu, [5, 4, 3, 2, 1, 0])
