@@ -307,7 +307,7 @@ class DataProto:
                 raise BatchError(f"only support equal chunk. Got size of DataProto {n} and chunk {chunks}.")
             sizes = [n // chunks] * chunks
         elif self.batch is None or n == 0:
-            sizes = np.diff(_bounds(n, chunks)).tolist()
+            sizes = _balanced(n, chunks)
         else:
             step = -(-n // chunks)
             sizes = [min(step, n - a) for a in range(0, n, step)]
@@ -324,7 +324,7 @@ class DataProto:
         Each piece views its rows of this batch (no copy); pickled or sent to Ray,
         a piece carries only its own rows. More pieces than rows give empty pieces.
         """
-        return self._pieces(np.diff(_bounds(len(self), _positive(chunks, "chunks"))).tolist())
+        return self._pieces(_balanced(len(self), _positive(chunks, "chunks")))
 
     def split(self, split_size: int) -> list["DataProto"]:
         """Pieces of ``split_size`` rows (the last may be shorter), each a view."""
@@ -866,12 +866,10 @@ def _type_info(value: Any) -> str:
     return type(value).__name__
 
 
-def _bounds(length: int, chunks: int) -> list[int]:
+def _balanced(length: int, chunks: int) -> list[int]:
+    """``chunks`` sizes adding up to ``length``, the first ``length % chunks`` one larger (``numpy.array_split``'s)."""
     size, extra = divmod(length, chunks)
-    bounds = [0]
-    for i in range(chunks):
-        bounds.append(bounds[-1] + size + (i < extra))
-    return bounds
+    return [size + (i < extra) for i in range(chunks)]
 
 
 def _same_tensor(a: torch.Tensor | TensorDict, b: torch.Tensor | TensorDict) -> bool:
