@@ -632,13 +632,17 @@ def test_indexing_matches_verl(verl, data, picks):
 
 @pytest.mark.verl
 @differential
-@given(data=inputs(min_rows=1), chunks=st.integers(1, 10), split_size=st.integers(1, 10), padding=st.booleans())
-def test_chunk_and_split_match_verl(verl, data, chunks, split_size, padding):
+@given(data=inputs(min_rows=1), chunks=st.integers(1, 10), split_size=st.integers(1, 10), padding=st.booleans(), jagged=st.booleans())
+def test_chunk_and_split_match_verl(verl, data, chunks, split_size, padding, jagged):
     theirs, ours = both(verl, data, auto_padding=padding)
+    assert_same(theirs.split(split_size), ours.split(split_size))
+    if jagged:  # the one row operation verl's class does on a jagged column, besides dp[int]
+        lengths = torch.randint(0, 5, (len(ours),), generator=torch.Generator().manual_seed(len(ours)))
+        for dp in (theirs, ours):
+            dp.batch["jagged"] = torch.nested.nested_tensor([torch.arange(int(n)) for n in lengths], layout=torch.jagged)
     outcome = same_outcome(lambda: theirs.chunk(chunks), lambda: ours.chunk(chunks))
     if outcome:
         assert_same(*outcome)
-    assert_same(theirs.split(split_size), ours.split(split_size))
 
 
 @pytest.mark.verl
