@@ -2,7 +2,8 @@
 
 Public API::
 
-    DataProto, DataProtoItem                   the batch container (verl-compatible)
+    DataProto, DataProtoItem, DataProtoConfig  the batch container (verl-compatible; verl's
+                                               module-level helpers: arrow_dataproto.verl_api)
     to_arrow, from_arrow, to_ipc, from_ipc     the codec (FORMAT_VERSION: the format it writes)
     ReceiveOptions, receive_options, ...       what an unpickled DataProto copies and where it goes
     receive_mode                               the receive mode in force here (copy-on-write by default), and why
@@ -21,16 +22,20 @@ shows how they fit together.
 """
 
 from ._codec import to_arrow, to_ipc
-from ._container import DataProto, DataProtoItem
+from ._container import DataProto, DataProtoConfig, DataProtoItem
 from ._decoding import from_arrow, from_ipc
 from ._format import FORMAT_VERSION
 from .errors import (
+    ArgumentTypeError,
+    BatchError,
     ColumnNotFoundError,
     DataProtoError,
     DecodeError,
     EncodeError,
     FormatVersionError,
+    KeyNotFoundError,
     PickleNotAllowedError,
+    RowIndexError,
     SchemaMismatchError,
 )
 from .pickling import ReceiveMode, ReceiveOptions, get_receive_options, receive_mode, receive_options, set_receive_options
@@ -40,6 +45,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DataProto",
     "DataProtoItem",
+    "DataProtoConfig",
     "to_arrow",
     "from_arrow",
     "to_ipc",
@@ -51,11 +57,15 @@ __all__ = [
     "get_receive_options",
     "receive_options",
     "set_receive_options",
+    "ArgumentTypeError",
+    "BatchError",
     "ColumnNotFoundError",
     "DataProtoError",
     "DecodeError",
     "EncodeError",
     "FormatVersionError",
+    "KeyNotFoundError",
     "PickleNotAllowedError",
+    "RowIndexError",
     "SchemaMismatchError",
 ]

@@ -533,7 +533,7 @@ class _Reader:
                 rows = None if b is None or (a, b) == (0, batch.num_rows) else (a, b)
                 parts.append(self._decode(batch, metadata, keep, rows, meta_info))
                 bar.update()
-        return parts[0] if len(parts) == 1 else DataProto.concat(parts)
+        return parts[0] if len(parts) == 1 else DataProto.concat(parts, meta_info="update")
 
     def iter_batches(self, columns: Iterable[str] | None = None, *, meta_info: bool = True) -> Iterator[DataProto]:
         """Each batch in order, as :meth:`read_batch` returns it."""
