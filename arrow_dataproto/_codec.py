@@ -68,7 +68,7 @@ def parts_of(data: Any) -> Parts:
         ) from None
 
 
-def _flatten(td: TensorDict, key: str, prefix: str, columns: list[tuple[str, torch.Tensor]]) -> Node:
+def _flatten(td: Any, key: str, prefix: str, columns: list[tuple[str, Any]]) -> Node:
     """``td``'s tree; its leaves are appended to ``columns`` in column order."""
     entries: list = []
     for sub_key, value in td.items():
@@ -102,7 +102,7 @@ def to_arrow(data: Any) -> pa.RecordBatch:
     are copied once. Raises :class:`EncodeError` for unsupported content.
     """
     batch, non_tensor, meta_info = parts_of(data)
-    columns: list[tuple[str, torch.Tensor]] = []
+    columns: list[tuple[str, Any]] = []
     metadata = {FORMAT: FORMAT_NAME, VERSION: version_text()}
     if batch is None:
         metadata.update(Node.empty_metadata())

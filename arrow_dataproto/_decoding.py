@@ -75,4 +75,4 @@ def from_ipc(
         from_arrow(b, columns=columns, device=device, copy=copy, allow_pickle=allow_pickle)
         for b in read_stream(buffer, max_decoded_bytes)
     ]
-    return parts[0] if len(parts) == 1 else DataProto.concat(parts)
+    return parts[0] if len(parts) == 1 else DataProto.concat(parts, meta_info="update")

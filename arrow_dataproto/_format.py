@@ -34,6 +34,9 @@ FORMAT_NAME = "arrow-dataproto"
 FORMAT_VERSION = (1, 1)
 """Major.minor. A reader accepts any minor of its own major and refuses other majors."""
 
+KEY_PREFIX = "adp."
+"""Every metadata key of the format starts with it."""
+
 # Schema metadata keys
 FORMAT = "adp.format"
 VERSION = "adp.version"

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
+
+JaggedTensor = Any
+"""A ``torch.nested`` tensor with ``layout=torch.jagged`` (torch's type stubs lack its methods)."""
 
 # torch logs this notice (once per process) from inside nested_tensor_from_jagged;
 # it concerns torch.fx users, not anyone building a nested tensor.
@@ -38,12 +41,12 @@ def is_jagged(t: torch.Tensor) -> bool:
     return t.is_nested and t.layout == torch.jagged
 
 
-def ragged_idx(t: torch.Tensor) -> int:
+def ragged_idx(t: JaggedTensor) -> int:
     """The ragged dimension of a jagged tensor (1 = right after the batch dimension)."""
     return t._ragged_idx
 
 
-def parts(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def parts(t: JaggedTensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(values, offsets)`` of a jagged tensor: values with the ragged dimension first,
     and its offsets (which need not start at 0). Views, except for a tensor with holes
     between rows (``lengths()`` set), which is compacted first (a copy)."""
@@ -52,14 +55,14 @@ def parts(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return t.values().movedim(t._ragged_idx - 1, 0), t.offsets()
 
 
-def build(values: torch.Tensor, offsets: torch.Tensor, ragged_idx: int) -> torch.Tensor:
+def build(values: torch.Tensor, offsets: torch.Tensor, ragged_idx: int) -> JaggedTensor:
     """The jagged tensor whose rows are ``values[offsets[i]:offsets[i + 1]]`` (values with the
     ragged dimension first), ragged at ``ragged_idx``. Views ``values`` and ``offsets``."""
     with _quiet():
         return torch.nested.nested_tensor_from_jagged(values.movedim(0, ragged_idx - 1), offsets, jagged_dim=ragged_idx)
 
 
-def clone(t: torch.Tensor) -> torch.Tensor:
+def clone(t: JaggedTensor) -> JaggedTensor:
     """A jagged tensor owning new copies of ``t``'s values and offsets (``t.clone()`` shares the offsets)."""
     if t.lengths() is not None:
         t = t.contiguous()

@@ -48,7 +48,7 @@ from __future__ import annotations
 import base64
 import json
 import pickle
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
 import numpy as np
 import pyarrow as pa
@@ -308,10 +308,13 @@ class Pickle:
         return out
 
 
-KINDS = {kind.kind: kind for kind in (Numeric, String, Object, Pickle)}
-"""``adp.kind`` -> the kind's class."""
-_BY_DTYPE_KIND = {dtype_kind: kind for kind in (Numeric, String, Object) for dtype_kind in kind.dtype_kinds}
+_Kind = Union[type[Numeric], type[String], type[Object], type[Pickle]]
+_BY_DTYPE_KIND: dict[str, _Kind] = {
+    dtype_kind: kind for kind in (Numeric, String, Object) for dtype_kind in kind.dtype_kinds
+}
 """numpy ``dtype.kind`` -> the kind tried first when encoding (Pickle is the fallback)."""
+KINDS: dict[str, _Kind] = {kind.kind: kind for kind in (Numeric, String, Object, Pickle)}
+"""``adp.kind`` -> the kind's class."""
 
 
 def encode_column(name: str, values: np.ndarray) -> tuple[pa.Array, dict[str, str]]:
@@ -336,9 +339,9 @@ def encode_column(name: str, values: np.ndarray) -> tuple[pa.Array, dict[str, st
         )
     spec = ArraySpec(PICKLE, values.dtype, values.shape[1:])
     metadata = spec.metadata(name)  # EncodeError for a dtype that cannot be recorded
-    kind = _BY_DTYPE_KIND.get(values.dtype.kind)
-    array = kind.encode(name, values) if kind else None
-    if array is None:
+    kind = _BY_DTYPE_KIND.get(values.dtype.kind, Pickle)
+    array = kind.encode(name, values)
+    if array is None:  # the kind declined (a longdouble, objects Arrow would change): pickle
         kind, array = Pickle, Pickle.encode(name, values)
     return array, {**metadata, KIND: kind.kind}
 
@@ -359,7 +362,7 @@ def decode_column(
             it (type, nulls, lengths, corrupt pickles).
     """
     kind_name = metadata.get(KIND)
-    kind = KINDS.get(kind_name)  # type: ignore[arg-type]
+    kind = KINDS.get(kind_name or "")
     if kind is None:
         raise column_error(DecodeError, name, f"missing or unknown {KIND}: {kind_name!r}")
     if kind is Pickle and not allow_pickle:

@@ -11,6 +11,8 @@ in the result when the caller passes one ``shared`` memo to every leaf of the op
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 from tensordict import TensorDict, is_tensor_collection
 
@@ -86,7 +88,7 @@ def cat(tensors: list[torch.Tensor], shared: Shared | None = None) -> torch.Tens
         sources = tuple(o for _, o in parts)
 
         def joined() -> torch.Tensor:
-            shifts = torch.tensor([0] + [int(o[-1]) for o in sources[:-1]], device=first.offsets().device).cumsum(0)
+            shifts = torch.tensor([0] + [int(o[-1]) for o in sources[:-1]], device=sources[0].device).cumsum(0)
             offsets = torch.cat([sources[0][:1]] + [o[1:] + s for o, s in zip(sources, shifts)])
             return offsets - offsets[0]
 
@@ -97,7 +99,7 @@ def cat(tensors: list[torch.Tensor], shared: Shared | None = None) -> torch.Tens
     return torch.cat(tensors)
 
 
-def map_rows(td: TensorDict, fn, rows: int | None) -> TensorDict:
+def map_rows(td: Any, fn: Callable[[torch.Tensor], torch.Tensor], rows: int | None) -> TensorDict:
     """A TensorDict whose every leaf is ``fn(leaf)``, keeping keys, nesting and device.
 
     Its first batch dimension becomes ``rows``, or is dropped when ``rows`` is None (``fn`` picked one row).
@@ -108,13 +110,14 @@ def map_rows(td: TensorDict, fn, rows: int | None) -> TensorDict:
 
 
 def cat_rows(tds: list[TensorDict], shared: Shared | None = None) -> TensorDict:
-    """Concatenate TensorDicts with the same keys along the batch dimension (jagged leaves
-    that share a ragged structure in every input share one in the result)."""
+    """Concatenate TensorDicts with the same keys (in any order; the first's order is kept) along
+    the batch dimension (jagged leaves that share a ragged structure in every input share one
+    in the result)."""
     shared = {} if shared is None else shared
     first = tds[0]
     keys = list(first.keys())
     for other in tds[1:]:
-        if list(other.keys()) != keys:
+        if set(other.keys()) != set(keys):
             raise ValueError(f"cannot concatenate batches with keys {keys} and {list(other.keys())}")
     content = {
         k: cat_rows([td[k] for td in tds], shared) if is_tensor_collection(first[k]) else cat([td[k] for td in tds], shared)

@@ -193,7 +193,7 @@ class FixedShape:
 
     @staticmethod
     def decode(name: str, array: pa.Array, spec: TensorSpec, storage: Storage) -> torch.Tensor:
-        shape = list(spec.shape)
+        shape = [int(n or 0) for n in spec.shape]  # dense: TensorSpec.parse refused ragged dimensions
         arrow_shape = shape + ([2] if storage.pair == 2 else [])
         if not isinstance(array.type, pa.FixedShapeTensorType) or list(array.type.shape) != arrow_shape:
             raise _fail(name, f"type {array.type}, expected fixed_shape_tensor of shape {arrow_shape}")
@@ -238,7 +238,7 @@ class Jagged:
     def decode(name: str, array: pa.Array, spec: TensorSpec, storage: Storage) -> torch.Tensor:
         assert spec.ragged_idx is not None  # TensorSpec.parse checked it
         offsets, child = _list_parts(name, array)
-        element_shape = [n for n in spec.shape if n is not None]
+        element_shape = [int(n) for n in spec.shape if n is not None]
         values = _elements(name, child, storage, spec.dtype, element_shape)
         return _jagged.build(values, offsets, spec.ragged_idx)
 

@@ -14,8 +14,9 @@ import time
 
 import torch
 
-from . import DataProto, from_ipc, open_file, receive_options, to_arrow, to_ipc, write_file
-from .samples import ppo_batch
+from . import DataProto, from_ipc, receive_options, to_arrow, to_ipc
+from .files import open_file, write_file
+from .testing.samples import ppo_batch
 
 
 def _timed(label: str, fn, *args, **kwargs):

@@ -6,7 +6,7 @@ per DataProto written, every batch with the same columns. Layout:
 
 - the footer schema is the first batch's schema: the columns, their field
   metadata (torch dtype, per-row shape, device, layout) and that batch's schema
-  metadata (see :mod:`arrow_dataproto.codec`);
+  metadata (see ``docs/format.md``);
 - every batch carries its own schema metadata as the batch's custom metadata,
   so its batch size, TensorDict tree and ``meta_info`` read back exactly;
 - the footer metadata records the compression (``adp.compression``).
@@ -84,6 +84,7 @@ from ._format import (
     text_metadata,
 )
 from ._objects import PICKLE, decode_meta_info
+from ._progress import progress_bar
 
 __all__ = [
     "ColumnInfo",
@@ -128,41 +129,6 @@ def open_regular(path: str | os.PathLike) -> int:
         os.close(fd)
         raise
     return fd
-
-
-# ---------------------------------------------------------------- progress
-
-
-class _Silent:
-    """Stands in for a tqdm bar when progress is off or tqdm is not installed."""
-
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    @staticmethod
-    def write(line: str) -> None:
-        print(line)
-
-    def __enter__(self) -> "_Silent":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
-
-
-def progress_bar(enabled: bool, **kwargs):
-    """A ``tqdm.auto.tqdm(**kwargs)`` bar if ``enabled`` and tqdm is installed, else a silent
-    stand-in with the same ``update``/``close``/``write`` methods and context manager."""
-    if enabled:
-        try:
-            from tqdm.auto import tqdm
-        except ImportError:
-            return _Silent()
-        return tqdm(**kwargs)
-    return _Silent()
 
 
 # ---------------------------------------------------------------- metadata helpers
@@ -279,9 +245,10 @@ class FileWriter:
             raise EncodeError(self._failed)
         if self._done:
             raise DataProtoError(f"the writer of {self.path} is closed")
-        if self._writer is None:
-            self._start(batch.schema)
+        if self._writer is None or self._schema is None:
+            writer = self._start(batch.schema)
         else:
+            writer = self._writer
             batch = self._conform(batch)
             differences = schema_difference(self._schema, batch.schema)
             if differences:
@@ -290,7 +257,7 @@ class FileWriter:
                 )
         before = self._sink.tell()
         try:
-            self._writer.write_batch(batch, custom_metadata=batch.schema.metadata)
+            writer.write_batch(batch, custom_metadata=batch.schema.metadata)
         except (pa.ArrowException, OSError) as e:  # disk full, file-size limit...
             self._fail(before, f"cannot write batch {self.num_batches} to {self.path}: {e}")
             raise EncodeError(self._failed) from e
@@ -320,11 +287,12 @@ class FileWriter:
                 schema, columns[i] = schema.set(i, expected), pa.nulls(len(columns[i]), expected.type)
         return batch if schema is batch.schema else pa.RecordBatch.from_arrays(columns, schema=schema)
 
-    def _start(self, schema: pa.Schema) -> None:
+    def _start(self, schema: pa.Schema) -> pa.ipc.RecordBatchFileWriter:
         self._schema = schema
         self._fields = dict(zip(schema.names, schema))
         footer = {COMPRESSION: self.compression or "none"}
         self._writer = pa.ipc.new_file(self._sink, schema, options=self._options, metadata=footer)
+        return self._writer
 
     def close(self) -> None:
         """Write the footer and move the file to ``path`` (replacing any file there).
@@ -343,9 +311,8 @@ class FileWriter:
         if self._done:
             return
         try:
-            if self._writer is None:
-                self._start(to_arrow(DataProto()).schema)
-            self._writer.close()
+            writer = self._writer or self._start(to_arrow(DataProto()).schema)
+            writer.close()
             self._sink.close()
             os.replace(self._partial, self.path)
         except BaseException:
@@ -621,7 +588,7 @@ class _Reader:
             if not self.num_batches:
                 return DataProto()
             first = min(bisect.bisect_right(bounds, start) - 1, self.num_batches - 1)
-            spans = [(first, 0, 0)]
+            spans: list[tuple[int, int, int | None]] = [(first, 0, 0)]
         else:
             spans = [
                 (i, max(start, bounds[i]) - bounds[i], min(stop, bounds[i + 1]) - bounds[i])
@@ -646,7 +613,7 @@ class _Reader:
                 rows = None if b is None or (a, b) == (0, batch.num_rows) else (a, b)
                 parts.append(self._decode(batch, metadata, keep, rows, meta_info))
                 bar.update()
-        return parts[0] if len(parts) == 1 else DataProto.concat(parts)
+        return parts[0] if len(parts) == 1 else DataProto.concat(parts, meta_info="update")
 
     def iter_batches(self, columns: Iterable[str] | None = None, *, meta_info: bool = True) -> Iterator[DataProto]:
         """Each batch in order, as :meth:`read_batch` returns it."""
@@ -938,6 +905,19 @@ def open_dataset(paths: str | os.PathLike | Iterable[str | os.PathLike], **optio
 # ---------------------------------------------------------------- copying and recovery
 
 
+def _write_all(batches: Iterable[tuple[pa.RecordBatch, dict[str, str]]], out: str | os.PathLike, compression: str | None) -> FileWriter:
+    """Write ``(batch, schema metadata)`` pairs as they are (nothing decoded) into a new file ``out``;
+    on an error the partial file is deleted and ``out`` left as it was. Returns the closed writer."""
+    writer = FileWriter(out, compression=compression)
+    try:
+        for batch, metadata in batches:
+            writer._write(batch.replace_schema_metadata(metadata))
+    except BaseException:
+        writer.abort()
+        raise
+    return writer
+
+
 def copy_file(
     path: str | os.PathLike,
     out: str | os.PathLike,
@@ -945,18 +925,19 @@ def copy_file(
     compression: str | None = None,
     max_decoded_bytes: int | str | None = "auto",
 ) -> int:
-    """Copy a file batch by batch into ``out`` with another ``compression``; returns the batch count.
+    """Copy a complete file batch by batch into ``out`` with another ``compression``; returns
+    the batch count.
 
     Works on the Arrow data: nothing is decoded, so pickled columns are copied without
     being unpickled (each batch still passes Arrow's full validation first). ``out`` may be
-    ``path`` itself. Errors and ``max_decoded_bytes`` as in :func:`open_file`.
+    ``path`` itself. Errors and ``max_decoded_bytes`` as in :func:`open_file`; for a file
+    whose writer did not finish, see :func:`recover_file`.
     """
-    with open_file(path, max_decoded_bytes=max_decoded_bytes) as reader, FileWriter(out, compression=compression) as writer:
-        for i in range(reader.num_batches):
-            batch, metadata = reader._read([i], None)[0]
-            writer._write(batch.replace_schema_metadata(metadata))
-    return reader.num_batches
-
+    with open_file(path, max_decoded_bytes=max_decoded_bytes) as reader:
+        batches = (reader._read([i], None)[0] for i in range(reader.num_batches))
+        writer = _write_all(batches, out, compression)
+    writer.close()
+    return writer.num_batches
 
 
 def recover_file(
@@ -998,35 +979,37 @@ def recover_file(
         check_schema(stream.schema)
     except (pa.ArrowException, OSError, ValueError) as e:
         raise DecodeError(f"{source}: no complete schema at the start of the file: {e}") from e
-    fallback = stream.schema.metadata
-    writer = FileWriter(out, compression=compression)
-    try:
+
+    def complete_batches() -> Iterator[tuple[pa.RecordBatch, dict[str, str]]]:
+        fallback = stream.schema.metadata
+        count = 0
         while True:
             start = position.tell()
             try:
                 if allowed is not None:  # from the message header, before decompressing
                     message = pa.ipc.read_message(body.slice(start))
                     decoded = _limits.message_decoded_bytes(memoryview(message.metadata), message.body)
-                    _limits.check(decoded, allowed, f"{source}: batch {writer.num_batches}")
+                    _limits.check(decoded, allowed, f"{source}: batch {count}")
                 batch, custom = stream.read_next_batch_with_custom_metadata()
                 validate_arrow(batch)
             except (StopIteration, EOFError):  # the end of the stream (marker or file)
-                break
+                return
             except DecodeError as e:
                 if "max_decoded_bytes" in str(e):
                     raise
-                break  # a damaged batch: keep what came before
+                return  # a damaged batch: keep what came before
             except (pa.ArrowException, OSError, ValueError):
-                break  # the cut (or a damaged batch): keep what came before
+                return  # the cut (or a damaged batch): keep what came before
             end = position.tell()
             if end < body.size and body[end : end + 4].to_pybytes() != _CONTINUATION:
-                break  # its bytes ran into another message's: it was cut, then written over
-            writer._write(batch.replace_schema_metadata(custom or fallback))
-        if not writer.num_batches:
-            raise DecodeError(f"{source}: no complete batch before the end of the file")
-    except BaseException:
+                return  # its bytes ran into another message's: it was cut, then written over
+            count += 1
+            yield batch, custom or fallback
+
+    writer = _write_all(complete_batches(), out, compression)
+    if not writer.num_batches:
         writer.abort()
-        raise
+        raise DecodeError(f"{source}: no complete batch before the end of the file")
     writer.close()
     return writer.num_batches
 

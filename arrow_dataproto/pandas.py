@@ -60,8 +60,10 @@ from ._format import (
     ARRAY_KINDS,
     BATCH_SIZE,
     DEVICE,
+    DTYPE,
     FORMAT,
     FORMAT_NAME,
+    KEY_PREFIX,
     KIND,
     RAGGED_IDX,
     ROW_SHAPE,
@@ -90,7 +92,6 @@ META_INFO = "meta_info"
 
 _STRING_DTYPE = pd.Series([""]).dtype
 """pandas' default dtype for strings (``str`` in pandas 3, ``object`` before)."""
-_PREFIX = "adp."
 _SCHEMA_KEYS = {VERSION: False, BATCH_SIZE: True, TD_DEVICE: True, TREE: True}
 """Schema metadata keys the record holds (True: a JSON value)."""
 _JSON_FIELD_KEYS = (SHAPE, ROW_SHAPE, RAGGED_IDX)
@@ -101,7 +102,7 @@ _JSON_FIELD_KEYS = (SHAPE, ROW_SHAPE, RAGGED_IDX)
 
 
 def _record_key(key: str) -> str:
-    return key.removeprefix(_PREFIX)
+    return key.removeprefix(KEY_PREFIX)
 
 
 def _field_record(metadata: dict[str, str]) -> dict[str, Any]:
@@ -111,7 +112,7 @@ def _field_record(metadata: dict[str, str]) -> dict[str, Any]:
 def _field_metadata(name: str, record: Any) -> dict[str, str]:
     if not isinstance(record, dict):
         raise column_error(DecodeError, name, f"malformed column record {record!r}")
-    keys = {_record_key(k): k for k in (KIND, "adp.dtype", SHAPE, ROW_SHAPE, RAGGED_IDX, DEVICE)}
+    keys = {_record_key(k): k for k in (KIND, DTYPE, SHAPE, ROW_SHAPE, RAGGED_IDX, DEVICE)}
     try:
         return {
             keys[k]: json.dumps(v) if keys[k] in _JSON_FIELD_KEYS else str(v)
@@ -244,8 +245,8 @@ def _dense_cells(t: torch.Tensor, copy: bool) -> Any:
 def _jagged_cells(t: torch.Tensor, copy: bool) -> pd.Series:
     values, offsets = _jagged.parts(t)
     axis = _jagged.ragged_idx(t) - 1
-    values, bounds = _to_numpy(values, copy), offsets.tolist()
-    cells = (np.moveaxis(values[a:b], 0, axis) for a, b in zip(bounds[:-1], bounds[1:]))
+    array, bounds = _to_numpy(values, copy), offsets.tolist()
+    cells = (np.moveaxis(array[a:b], 0, axis) for a, b in zip(bounds[:-1], bounds[1:]))
     return _object_column(cells, len(bounds) - 1)
 
 
@@ -366,7 +367,8 @@ def _dense(name: str, series: pd.Series, spec: TensorSpec) -> torch.Tensor:
     else:
         arrays = _row_arrays(name, series)
         _check_shapes(name, arrays, spec.shape)
-        values = np.array(arrays) if arrays else np.empty((0, *spec.shape), dtype=_numpy_dtype(spec.dtype))
+        empty_shape = (0, *(int(n or 0) for n in spec.shape))  # dense: no ragged dimension
+        values = np.array(arrays) if arrays else np.empty(empty_shape, dtype=_numpy_dtype(spec.dtype))
     return _tensor(name, values, spec.dtype)
 
 

@@ -1,3 +1,3 @@
-"""The benchmark batches live in :mod:`arrow_dataproto.samples`; this name is kept for the scripts here."""
+"""The benchmark batches: :mod:`arrow_dataproto.testing.samples`, under the name the scripts here use."""
 
-from arrow_dataproto.samples import jagged_batch, nbytes, ppo_batch, seed_batch  # noqa: F401
+from arrow_dataproto.testing.samples import jagged_batch, nbytes, ppo_batch, seed_batch  # noqa: F401

@@ -29,49 +29,21 @@ import argparse
 import gc
 import os
 import shutil
-import statistics
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 from tensordict import TensorDict
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+from batches import nbytes, ppo_batch, seed_batch
+from harness import RESULTS, command, interleaved, save
+from harness import pair as _pair
 
-from batches import nbytes, ppo_batch, seed_batch  # noqa: E402
-
-from arrow_dataproto import DataProto  # noqa: E402
-from arrow_dataproto.files import open_file, read_file, write_file  # noqa: E402
+from arrow_dataproto import DataProto
+from arrow_dataproto.files import open_file, read_file, write_file
 
 MiB = 2**20
-
-
-def _interleaved(tasks: dict, repeats: int) -> dict:
-    """``(median, best)`` seconds of each task ``name: (fn, setup)``. One untimed warm-up round, then
-    ``repeats`` rounds running the tasks in turn, so that load from other processes hits
-    every task alike; ``setup()`` (may be None) runs untimed before each call."""
-    times: dict = {name: [] for name in tasks}
-    for round_ in range(repeats + 1):
-        for name, (fn, setup) in tasks.items():
-            if setup is not None:
-                setup()
-            gc.collect()
-            start = time.perf_counter()
-            result = fn()
-            elapsed = time.perf_counter() - start
-            del result
-            if round_:
-                times[name].append(elapsed)
-    return {name: (statistics.median(t), min(t)) for name, t in times.items()}
-
-
-def _pair(times: tuple[float, float], digits: int = 3) -> str:
-    """``"median (best)"``."""
-    return f"{times[0]:.{digits}f} ({times[1]:.{digits}f})"
 
 
 def _fresh(target: Path) -> None:
@@ -160,7 +132,7 @@ def compare(case: str, dp: DataProto, folder: Path, repeats: int) -> list[tuple]
         tasks[path_obj.name, "write"] = (lambda p=path_obj, t=target: p.write(t, dp), lambda t=target: _fresh(t))
         tasks[path_obj.name, "open"] = (lambda p=path_obj, t=target: p.open(t), lambda t=target: _warm(t))
         tasks[path_obj.name, "scan"] = (lambda p=path_obj, t=target: _scan(p.open(t)), lambda t=target: _warm(t))
-    median = _interleaved(tasks, repeats)
+    median = interleaved(tasks, repeats)
     rows = []
     for i, path_obj in enumerate(paths):
         w, o, s = (median[path_obj.name, k] for k in ("write", "open", "scan"))
@@ -177,7 +149,7 @@ def compression(case: str, dp: DataProto, folder: Path, repeats: int) -> list[tu
         ours, target = Ours(codec), folder / f"c_{codec}.arrow"
         tasks[codec, "write"] = (lambda o=ours, t=target: o.write(t, dp), lambda t=target: _fresh(t))
         tasks[codec, "scan"] = (lambda o=ours, t=target: _scan(o.open(t)), lambda t=target: _warm(t))
-    median = _interleaved(tasks, repeats)
+    median = interleaved(tasks, repeats)
     rows = []
     for codec in codecs:
         target = folder / f"c_{codec}.arrow"
@@ -201,7 +173,7 @@ def one_column(column_mib: int, file_sizes_mib: list[int], folder: Path, repeats
             files.append((size, codec or "none", target))
             tasks[target] = (lambda t=target: _scan([read_file(t, ["a"]).batch["a"]]), None)
         del dp
-    median = _interleaved(tasks, repeats)
+    median = interleaved(tasks, repeats)
     rows = []
     for size, codec, target in files:
         rows.append((size, codec, target.stat().st_size, median[target]))
@@ -225,7 +197,7 @@ def copy_on_write(dp: DataProto, folder: Path, repeats: int) -> list[tuple[str, 
         f"{calls} read_batch calls on a small file (fixed cost per call x {calls})":
             lambda: [reader.read_batch(0) for _ in range(calls)],
     }
-    median = _interleaved({name: (fn, None) for name, fn in tasks.items()}, repeats)
+    median = interleaved({name: (fn, None) for name, fn in tasks.items()}, repeats)
     for name, (seconds, best) in median.items():
         print(f"  {name:<72} {seconds * 1e3:10.3f} ms (best {best * 1e3:.3f})")
     target.unlink()
@@ -312,13 +284,8 @@ def main() -> None:
         column_rows = one_column(column_mib, sizes, folder, repeats)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    text = report("python " + " ".join(["benchmarks/bench_files.py", *sys.argv[1:]]), main_rows, comp_rows,
-                  column_rows, cow_rows)
-    print("\n" + text)
-    out = args.out or (None if args.quick else str(HERE / "results" / "files.md"))
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(text)
+    text = report(command("bench_files.py"), main_rows, comp_rows, column_rows, cow_rows)
+    save(text, args.out or (None if args.quick else RESULTS / "files.md"))
 
 
 if __name__ == "__main__":

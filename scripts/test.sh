@@ -7,11 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh main
 # Import rules (pyproject.toml [tool.importlinter]): layers without cycles, no private names across modules.
-PYTHONPATH=tests .venv/bin/lint-imports
+PYTHONPATH=.:tests .venv/bin/lint-imports
 .venv/bin/python -m pytest "$@"
 if [ "${ADP_SKIP_COMPAT:-0}" != 1 ]; then
     bash scripts/setup.sh compat
     .venv-compat/bin/python -m pytest -m "not slow" \
         tests/test_codec.py tests/test_protocol.py tests/test_pickling.py tests/test_dtypes.py \
-        tests/test_objects.py tests/test_verl.py
+        tests/test_objects.py tests/test_verl.py tests/test_verl_parity.py
 fi

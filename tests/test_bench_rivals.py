@@ -8,20 +8,14 @@ Each tiny batch goes through ``encode`` -> ``pickle.dumps(protocol=5)`` -> ``pic
 from __future__ import annotations
 
 import pickle
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
 
-ROOT = str(Path(__file__).resolve().parents[1])
-if ROOT not in sys.path:  # benchmarks/ is a plain folder at the repository root
-    sys.path.insert(0, ROOT)
-
-from benchmarks.batches import jagged_batch, ppo_batch, seed_batch  # noqa: E402
-from benchmarks.rivals import VerlDataProto, all_rivals, verl_unavailable_reason  # noqa: E402
+from arrow_dataproto.testing.samples import jagged_batch, ppo_batch, seed_batch
+from benchmarks.rivals import VerlDataProto, all_rivals, verl_unavailable_reason  # the repository root is on pythonpath
 
 
 def _mixed_batch():

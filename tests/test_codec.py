@@ -265,7 +265,7 @@ def test_empty_pieces_of_nested_columns():
     """More chunks than rows: the empty pieces hold 0-row jagged and strided tensors."""
     dp = sample_dataproto(rows=3)
     dp.batch["strided"] = torch.nested.nested_tensor([torch.randn(2, 1), torch.randn(1, 3), torch.randn(2, 2)])
-    pieces = dp.chunk(5)
+    pieces = dp.array_split(5)
     assert [len(p) for p in pieces] == [1, 1, 1, 0, 0]
     for piece in pieces:
         assert_dataproto_equal(piece, ipc_round_trip(piece))
@@ -691,3 +691,39 @@ def test_cuda_device_is_restored_and_overridable():
     on_cpu = adp.from_arrow(record_batch, device="cpu")
     assert all(t.device.type == "cpu" for t in leaves(on_cpu).values())
     assert_dataproto_equal(adp.DataProto(td.cpu()), on_cpu)
+
+
+# ---------------------------------------------------------------- a subset of columns
+
+
+def test_columns_decode_a_subset_zero_copy():
+    dp = sample_dataproto()
+    record_batch = adp.to_arrow(dp)
+    part = adp.from_arrow(record_batch, columns=["input_ids", "extra", "uid"])  # "extra": a nested TensorDict
+    assert_dataproto_equal(dp.select(["input_ids", "extra"], ["uid"]), part)
+    assert part.batch["input_ids"].data_ptr() == dp.batch["input_ids"].data_ptr()  # a view, as without columns=
+    only_meta = adp.from_ipc(adp.to_ipc(dp), columns=["uid"])
+    assert only_meta.batch.batch_size == dp.batch.batch_size and list(only_meta.batch.keys()) == []
+    assert only_meta.meta_info == dp.meta_info
+    with pytest.raises(adp.ColumnNotFoundError, match="nope"):
+        adp.from_arrow(record_batch, columns=["input_ids", "nope"])
+
+
+def test_decoding_a_jagged_column_logs_no_torch_fx_notice(tmp_path):
+    """torch logs an ``is_fx_tracing`` notice (once per process) when a jagged tensor is built;
+    decoding one must not show it (decoded in a fresh process, where it would be the first)."""
+    nt = torch.nested.nested_tensor_from_jagged(torch.arange(5), torch.tensor([0, 2, 5]))
+    (tmp_path / "b.arrows").write_bytes(adp.to_ipc(TensorDict({"x": nt}, batch_size=[2])).to_pybytes())
+    code = (
+        "import sys, arrow_dataproto as adp\n"
+        "dp = adp.from_ipc(open(sys.argv[1], 'rb').read())\n"
+        "assert dp.batch['x'].unbind()[1].tolist() == [2, 3, 4]\n"
+    )
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "b.arrows")], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert "is_fx_tracing" not in done.stderr + done.stdout

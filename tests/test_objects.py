@@ -1,4 +1,4 @@
-"""Tests for arrow_dataproto.objects: non_tensor_batch columns and meta_info."""
+"""Tests for arrow_dataproto._objects: non_tensor_batch columns and meta_info."""
 
 from __future__ import annotations
 

@@ -457,3 +457,22 @@ def test_malformed_record_is_a_decode_error(corrupt):
     corrupt(df.attrs[RECORD])
     with pytest.raises(DecodeError):
         from_pandas(df)
+
+
+def test_strings_use_the_default_string_dtype_of_this_pandas():
+    dp = sample_dataproto()
+    df = to_pandas(dp)
+    default = pd.Series(["a"]).dtype  # "str" in pandas 3, object before
+    assert df["uid"].dtype == default and df["data_source"].dtype == default
+    assert df["reward_model"].dtype == object  # dicts stay objects
+    back = from_pandas(df)
+    assert back.non_tensor_batch["uid"].dtype == object
+    assert all(type(v) is str for v in back.non_tensor_batch["uid"])
+    assert_dataproto_equal(dp, back)
+
+
+def test_method_takes_copy_like_the_function():
+    dp = sample_dataproto()
+    cell = dp.to_pandas(copy=True)["input_ids"][0]
+    assert cell.flags.writeable and not np.shares_memory(cell, dp.batch["input_ids"].numpy())
+    assert not dp.to_pandas()["input_ids"][0].flags.writeable

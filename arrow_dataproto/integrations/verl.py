@@ -202,7 +202,7 @@ def load_state(self: Any, state: Any) -> None:
     elif isinstance(encoded, (bytes, bytearray, memoryview)):
         batch = _load_torch_save(encoded)
     elif isinstance(encoded, tuple):
-        batch = _load_numpy_mode(encoded)
+        batch = load_numpy_mode(encoded)
     else:
         raise DecodeError(f"verl DataProto state: the batch is neither bytes nor a tuple but {_describe(encoded)}")
     _check_parts(batch, non_tensor_batch, meta_info)
@@ -250,7 +250,7 @@ def _load_torch_save(data: bytes | bytearray | memoryview) -> TensorDict | None:
     return batch if batch is None or device is None else batch.to(device)
 
 
-def _load_numpy_mode(encoded: tuple) -> TensorDict:
+def load_numpy_mode(encoded: tuple) -> TensorDict:
     """The batch of verl's numpy mode: ``(batch_size, device, {key: entry})`` where an entry is
     ``(dtype_name, shape, uint8_array)`` for a dense tensor or ``(layout_name, [such triples])``
     for a nested tensor, one triple per row."""
@@ -265,7 +265,7 @@ def _load_numpy_mode(encoded: tuple) -> TensorDict:
     for key, entry in items.items():
         if not isinstance(key, str) or not isinstance(entry, tuple) or len(entry) not in (2, 3):
             raise DecodeError(f"verl numpy-mode batch: malformed entry {key!r}: {_describe(entry)}")
-        tensors[key] = _legacy_tensor(key, entry) if len(entry) == 3 else _legacy_nested(key, *entry)
+        tensors[key] = legacy_tensor(key, entry) if len(entry) == 3 else _legacy_nested(key, *entry)
     target = get_receive_options().device or (device if device is None or device_available(device) else "cpu")
     try:
         return TensorDict(tensors, batch_size=list(batch_size), device=target)
@@ -273,7 +273,7 @@ def _load_numpy_mode(encoded: tuple) -> TensorDict:
         raise DecodeError(f"verl numpy-mode batch: tensors do not fit batch_size {list(batch_size)}: {e}") from e
 
 
-def _legacy_tensor(key: str, entry: tuple, row: int | None = None) -> torch.Tensor:
+def legacy_tensor(key: str, entry: tuple, row: int | None = None) -> torch.Tensor:
     """One ``(dtype_name, shape, uint8_array)`` triple as a tensor that owns a copy of the bytes."""
     where = key if row is None else f"{key}[{row}]"
     name, shape, data = entry
@@ -297,7 +297,7 @@ def _legacy_nested(key: str, layout: Any, rows: Any) -> torch.Tensor:
     for i, entry in enumerate(rows):
         if not (isinstance(entry, tuple) and len(entry) == 3):
             raise column_error(DecodeError, f"{key}[{i}]", f"expected a (dtype, shape, bytes) triple, got {_describe(entry)}")
-        tensors.append(_legacy_tensor(key, entry, i))
+        tensors.append(legacy_tensor(key, entry, i))
     try:
         return torch.nested.as_nested_tensor(tensors, layout=getattr(torch, layout))
     except (RuntimeError, ValueError, TypeError) as e:

@@ -20,6 +20,7 @@ import torch
 from tensordict import TensorDict, is_tensor_collection
 
 from .._container import DataProto
+from .._jagged import ragged_idx
 
 __all__ = [
     "assert_dataproto_equal",
@@ -85,7 +86,7 @@ def assert_tensor_equal(a: torch.Tensor, b: torch.Tensor, name: str = "") -> Non
     assert a.device.type == b.device.type, (name, a.device, b.device)
     if a.is_nested:
         if a.layout == torch.jagged:
-            assert a._ragged_idx == b._ragged_idx, (name, a._ragged_idx, b._ragged_idx)
+            assert ragged_idx(a) == ragged_idx(b), (name, ragged_idx(a), ragged_idx(b))
         rows_a, rows_b = a.unbind(), b.unbind()
         assert len(rows_a) == len(rows_b), name
         for i, (x, y) in enumerate(zip(rows_a, rows_b)):

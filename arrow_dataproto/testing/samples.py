@@ -18,6 +18,7 @@ small sizes for tests.
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import numpy as np
 import torch
@@ -133,6 +134,7 @@ def jagged_batch(rows: int = 6400, max_len: int = 20480, seed: int = 0) -> Tenso
 def nbytes(td: TensorDict) -> int:
     """Bytes held by the leaves of ``td`` (a jagged leaf counts its values and offsets)."""
     total = 0
+    leaf: Any
     for leaf in td.values(include_nested=True, leaves_only=True):
         if leaf.is_nested:
             total += leaf.values().nbytes + leaf.offsets().nbytes

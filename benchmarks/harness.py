@@ -1,0 +1,104 @@
+"""What every benchmark here shares: interleaved timing, median and best, ratio tables, our paths.
+
+- :func:`interleaved`: one untimed warm-up round, then ``repeats`` rounds in which the
+  tasks take turns, so that load from other processes hits every task alike; each
+  task's :class:`Timing` is the median and the best of its rounds.
+- :func:`pair` and :func:`ratio`: how a table shows a timing (``median (best)``) and a
+  ratio against the baseline row (the path's median / the baseline's; higher = slower).
+- :class:`OursPickled` and :class:`OursIpc`: arrow-dataproto as a codec path with the
+  rivals' interface (``encode(td, non_tensor, meta) -> payload``, ``decode(payload)``).
+- :func:`save`: print a report and write it under ``benchmarks/results/``.
+
+Run from the repository root (``python benchmarks/bench_codec.py``); the benchmarks
+import this module as ``harness`` (their own folder is on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Hashable, NamedTuple
+
+import arrow_dataproto as adp
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+class Timing(NamedTuple):
+    """Seconds: the median and the best of the timed rounds."""
+
+    median: float
+    best: float
+
+
+def interleaved(tasks: dict[Hashable, tuple[Callable[[], Any], Callable[[], Any] | None]], repeats: int) -> dict:
+    """The :class:`Timing` of each task ``name: (fn, setup)``: one untimed warm-up round, then
+    ``repeats`` rounds running the tasks in turn; ``setup()`` (may be None) runs untimed
+    before each call, and the garbage collector before each timed call."""
+    times: dict = {name: [] for name in tasks}
+    for round_ in range(repeats + 1):
+        for name, (fn, setup) in tasks.items():
+            if setup is not None:
+                setup()
+            gc.collect()
+            start = time.perf_counter()
+            result = fn()
+            elapsed = time.perf_counter() - start
+            del result
+            if round_:
+                times[name].append(elapsed)
+    return {name: Timing(statistics.median(t), min(t)) for name, t in times.items()}
+
+
+def pair(timing: Timing, digits: int = 3, scale: float = 1.0) -> str:
+    """``"median (best)"``, each multiplied by ``scale`` (1e3 for milliseconds)."""
+    return f"{timing.median * scale:.{digits}f} ({timing.best * scale:.{digits}f})"
+
+
+def ratio(timing: Timing, baseline: Timing, digits: int = 1) -> str:
+    """The timing's median over the baseline's (higher = slower than the baseline)."""
+    return f"{timing.median / baseline.median:.{digits}f}"
+
+
+def command(script: str) -> str:
+    """The command line that ran this benchmark, for its report."""
+    return "python " + " ".join([f"benchmarks/{script}", *sys.argv[1:]])
+
+
+def save(text: str, out: str | Path | None) -> None:
+    """Print the report; write it to ``out`` too unless ``out`` is None."""
+    print("\n" + text)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text)
+
+
+class OursPickled:
+    """arrow_dataproto: a DataProto pickled through Arrow (every buffer out of band); the
+    receiver decodes it with ``copy`` (the receive option)."""
+
+    def __init__(self, copy: bool):
+        self.copy = copy
+        self.name = f"arrow_dataproto ({'copy' if copy else 'zero-copy'})"
+
+    def encode(self, td, non_tensor, meta):
+        return adp.DataProto(td, non_tensor, meta)
+
+    def decode(self, payload):
+        return payload  # already rebuilt by pickle.loads under receive_options(copy=self.copy)
+
+
+class OursIpc:
+    """arrow_dataproto as one Arrow IPC stream: ``to_ipc`` (one copy) and ``from_ipc`` (zero-copy views)."""
+
+    name = "arrow_dataproto IPC stream"
+    copy = True
+
+    def encode(self, td, non_tensor, meta):
+        return adp.to_ipc(adp.DataProto(td, non_tensor, meta))
+
+    def decode(self, payload):
+        return adp.from_ipc(payload)
