@@ -47,7 +47,9 @@ META_INFO = "adp.meta_info"
 META_INFO_ENCODING = "adp.meta_info.encoding"
 COMPRESSION = "adp.compression"
 """File footer metadata key: ``"none"``, ``"lz4"`` or ``"zstd"``."""
-PER_BATCH = (BATCH_SIZE, TREE, META_INFO, META_INFO_ENCODING)
+CHECKSUMS = "adp.checksums"
+"""Per-batch metadata of a file written with checksums: digests of each column's buffers."""
+PER_BATCH = (BATCH_SIZE, TREE, META_INFO, META_INFO_ENCODING, CHECKSUMS)
 """Schema metadata keys whose values may differ from batch to batch of one file."""
 
 # Field metadata keys

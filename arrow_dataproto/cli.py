@@ -6,6 +6,7 @@
     arrow-dataproto head FILE [-n N] [--start S] [--columns C ...] [--allow-pickle]
     arrow-dataproto convert IN OUT [--allow-pickle] [--compression C]
     arrow-dataproto recover IN OUT [--compression C]
+    arrow-dataproto verify FILE                     every buffer against the checksums written with it
     arrow-dataproto bench [NAME ...] [--quick] [--list] [--dir DIR]
 
 Nothing is unpickled without ``--allow-pickle``: ``inspect`` never unpickles,
@@ -235,6 +236,13 @@ def _recover(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verify(args: argparse.Namespace) -> int:
+    with open_file(args.file) as reader:
+        checked = reader.verify()
+        print(f"{args.file}: {reader.num_batches} batches, {checked} buffers match their checksums")
+    return 0
+
+
 # ---------------------------------------------------------------- bench
 
 
@@ -336,6 +344,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("output", metavar="OUT")
     p.add_argument("--compression", choices=compressions, default="none", help="compression of OUT (default none)")
     p.set_defaults(run=_recover)
+
+    p = commands.add_parser("verify", help="check every buffer against the checksums written with the file",
+                            description="Check every buffer of every batch of FILE against the checksums it "
+                            "was written with (FileWriter(checksums=True)); exit status 1 names the first "
+                            "batch, column and buffer that differ.")
+    p.add_argument("file", metavar="FILE")
+    p.set_defaults(run=_verify)
 
     p = commands.add_parser("bench", help="run the benchmarks (source checkout only)",
                             description="Run benchmarks/bench_*.py one after the other with a progress bar, "

@@ -56,7 +56,7 @@ import pyarrow as pa
 import torch
 from tensordict import is_tensor_collection
 
-from . import _limits
+from . import _checksum, _limits
 from ._codec import decode, to_arrow, validate_arrow
 from .errors import (
     DataProtoError,
@@ -67,6 +67,7 @@ from .errors import (
 )
 from ._container import DataProto
 from ._format import (
+    CHECKSUMS,
     COMPRESSION,
     COMPRESSIONS,
     DEVICE,
@@ -216,10 +217,25 @@ class FileWriter:
     partial file behind: :func:`recover_file` reads its complete batches. A writer closed without any batch
     writes a valid file with no columns and no batches.
 
-    ``progress=True`` shows the bytes written (tqdm, if installed).
+    ``progress=True`` shows the bytes written (tqdm, if installed). ``checksums=True``
+    records a digest of every buffer of every batch (xxHash3; see
+    :mod:`arrow_dataproto._checksum`, needs ``xxhash``), which ``open_file(verify=True)``,
+    :meth:`FileReader.verify` and ``arrow-dataproto verify`` check.
+
+    A write that fails half-way (disk full, file-size limit) raises :class:`EncodeError`;
+    the partial file is cut back to its last complete batch and the writer refuses any
+    further use (:meth:`write` and :meth:`close` raise :class:`EncodeError`; ``PATH`` is
+    left as it was; :func:`recover_file` reads the complete batches of the partial file).
     """
 
-    def __init__(self, path: str | os.PathLike, *, compression: str | None = None, progress: bool = False):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        compression: str | None = None,
+        progress: bool = False,
+        checksums: bool = False,
+    ):
         if compression not in COMPRESSIONS:
             raise EncodeError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
         self.path = Path(path)
@@ -235,6 +251,7 @@ class FileWriter:
         self._done = False
         self._failed: str | None = None
         self._fields: dict[str, pa.Field] = {}
+        self.checksums = checksums
 
     def write(self, data: Any) -> None:
         """Append one DataProto (ours or verl's) or TensorDict as the next batch."""
@@ -255,9 +272,12 @@ class FileWriter:
                 raise SchemaMismatchError(
                     f"batch {self.num_batches} does not match the columns of {self.path}: " + "; ".join(differences)
                 )
+        custom = dict(batch.schema.metadata or {})
+        if self.checksums:
+            custom[CHECKSUMS.encode()] = _checksum.checksums(batch).encode()
         before = self._sink.tell()
         try:
-            writer.write_batch(batch, custom_metadata=batch.schema.metadata)
+            writer.write_batch(batch, custom_metadata=custom)
         except (pa.ArrowException, OSError) as e:  # disk full, file-size limit...
             self._fail(before, f"cannot write batch {self.num_batches} to {self.path}: {e}")
             raise EncodeError(self._failed) from e
@@ -370,14 +390,20 @@ def _as_batches(data: Any) -> Iterable[Any]:
 
 
 def write_file(
-    path: str | os.PathLike, data: Any, *, compression: str | None = None, progress: bool = False
+    path: str | os.PathLike,
+    data: Any,
+    *,
+    compression: str | None = None,
+    progress: bool = False,
+    checksums: bool = False,
 ) -> None:
     """Write a DataProto, or an iterable of DataProtos with the same columns, to an Arrow IPC file.
 
     One record batch per DataProto; see :class:`FileWriter` for what is copied, the
-    errors, and how ``path`` is replaced. ``compression``: ``None``, ``"lz4"`` or ``"zstd"``.
+    errors, how ``path`` is replaced and ``checksums``. ``compression``: ``None``,
+    ``"lz4"`` or ``"zstd"``.
     """
-    with FileWriter(path, compression=compression, progress=progress) as writer:
+    with FileWriter(path, compression=compression, progress=progress, checksums=checksums) as writer:
         for item in _as_batches(data):
             writer.write(item)
 
@@ -659,9 +685,11 @@ class FileReader(_Reader):
         copy: bool = False,
         progress: bool = False,
         max_decoded_bytes: _limits.MaxDecoded = "auto",
+        verify: bool = False,
     ):
         super().__init__(allow_pickle=allow_pickle, device=device, copy=copy, progress=progress)
         self.path = Path(path)
+        self.verify_checksums = verify
         self._fd: int | None = open_regular(self.path)
         try:
             self.file_size = os.fstat(self._fd).st_size
@@ -743,8 +771,26 @@ class FileReader(_Reader):
                 raise DecodeError(f"{self.path}: the metadata of batch {i} does not match the file's schema")
             if fields is not None and not pushdown:
                 batch = batch.select(fields)
+            if self.verify_checksums:
+                self._verify(batch, metadata, i)
             out.append((batch, metadata))
         return out
+
+    def _verify(self, batch: pa.RecordBatch, metadata: dict[str, str], i: int) -> int:
+        recorded = metadata.get(CHECKSUMS)
+        if recorded is None:
+            raise DecodeError(f"{self.path}: batch {i} has no checksums (written without checksums=True)")
+        return _checksum.verify(batch, recorded, f"{self.path}: batch {i}")
+
+    def verify(self) -> int:
+        """Check every buffer of every batch against the checksums written with it; returns the
+        number of buffers checked. :class:`DecodeError` names the batch, column and buffer that
+        differ, or a batch written without checksums. Reads (and decompresses) the whole file."""
+        checked = 0
+        for i in range(self.num_batches):
+            batch, metadata = self._read([i], None)[0]
+            checked += self._verify(batch, metadata, i)
+        return checked
 
     def _count_rows(self):
         if self.compression is not None and self.num_batches == 1:
@@ -773,6 +819,7 @@ def open_file(
     copy: bool = False,
     progress: bool = False,
     max_decoded_bytes: int | str | None = "auto",
+    verify: bool = False,
 ) -> FileReader:
     """Open an Arrow IPC file written by :func:`write_file` / :class:`FileWriter`.
 
@@ -794,12 +841,17 @@ def open_file(
     values or sizes are read. Anything but a regular file (a FIFO, a device, a folder) is
     refused with :class:`DecodeError` without being opened for reading.
 
+    ``verify=True`` checks each batch read against the checksums it was written with
+    (``FileWriter(checksums=True)``; :class:`DecodeError` on a mismatch or a batch without
+    them); opening stays O(1) either way.
+
     Raises ``FileNotFoundError``/``OSError`` as ``open`` does, :class:`DecodeError` for
     a file that is not an arrow-dataproto Arrow file, truncated or corrupt, and
     :class:`FormatVersionError` for an incompatible format version.
     """
     return FileReader(
-        path, allow_pickle=allow_pickle, device=device, copy=copy, progress=progress, max_decoded_bytes=max_decoded_bytes
+        path, allow_pickle=allow_pickle, device=device, copy=copy, progress=progress,
+        max_decoded_bytes=max_decoded_bytes, verify=verify,
     )
 
 

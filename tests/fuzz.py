@@ -131,6 +131,7 @@ from tensordict import TensorDict
 
 import arrow_dataproto as adp
 from arrow_dataproto import files as adp_files
+from arrow_dataproto import pandas as adp_pandas
 from arrow_dataproto import pickling
 from arrow_dataproto.testing import assert_dataproto_equal, sample_dataproto
 
@@ -272,7 +273,7 @@ def _commands(path: str, out: str) -> adp.DataProto:
 
 
 def _decode_frame(frame) -> adp.DataProto:
-    return adp.from_pandas(frame)
+    return adp_pandas.from_pandas(frame)
 
 
 @dataclass(frozen=True)
@@ -337,7 +338,7 @@ def targets() -> dict[str, Target]:
     found.append(
         Target(
             "pandas",
-            encode=adp.to_pandas,
+            encode=lambda dp: adp_pandas.to_pandas(dp),
             decode=_decode_frame,
             mutate=lambda payload, rng, corpus, target: _mutate_frame(payload, rng),
             seeds=tuple(s for s in SEEDS if s != "pickled"),  # a frame holds the objects themselves: nothing to refuse

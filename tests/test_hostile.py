@@ -25,6 +25,7 @@ from tensordict import TensorDict
 
 import arrow_dataproto as adp
 from arrow_dataproto import files
+from arrow_dataproto import pandas as adp_pandas
 from arrow_dataproto.errors import DataProtoError, DecodeError, EncodeError
 from arrow_dataproto.testing import assert_dataproto_equal
 
@@ -74,7 +75,7 @@ def _file_with_offsets(path: Path) -> bytes:
         batch=TensorDict({"j": _jagged(3, 2, 4)}, batch_size=[3]),
         non_tensor_batch={"o": _objects([[1, 2], [3]], [[4]], [[5, 6, 7], [8], [9]])},
     )
-    adp.write_file(path, dp)
+    files.write_file(path, dp)
     return path.read_bytes()
 
 
@@ -169,6 +170,7 @@ def _strings(*values: str) -> adp.DataProto:
 _PEAK = """
 import resource, sys, pickle
 import arrow_dataproto as adp
+from arrow_dataproto import pandas as adp_pandas
 payload = pickle.load(open(sys.argv[1], "rb"))
 kind = sys.argv[2]
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -176,7 +178,7 @@ try:
     if kind == "ipc":
         adp.from_ipc(payload)
     else:
-        adp.from_pandas(payload)
+        adp_pandas.from_pandas(payload)
     print("decoded")
 except adp.DataProtoError as e:
     print(type(e).__name__)
@@ -200,7 +202,7 @@ def test_recorded_string_width_cannot_steer_an_allocation(tmp_path):
 
 
 def test_recorded_string_width_in_dataframe_attrs_is_bounded(tmp_path):
-    frame = adp.to_pandas(_strings("a", "b"))
+    frame = adp_pandas.to_pandas(_strings("a", "b"))
     frame.attrs["arrow_dataproto"]["columns"]["s"]["dtype"] = "<U100000000"
     outcome, mib = _peak(tmp_path, frame, "pandas")
     assert outcome in ("DecodeError", "EncodeError") and mib < 64, (outcome, mib)
@@ -225,14 +227,14 @@ def test_compression_bomb_is_refused_by_default_and_allowed_on_request(tmp_path)
         adp.from_ipc(adp.to_ipc(adp.DataProto(batch=TensorDict({"z": torch.zeros(8, 1024)}, [8])), compression="lz4"),
                      max_decoded_bytes=1000)
     path = tmp_path / "bomb.arrow"
-    adp.write_file(path, _bomb(), compression="zstd")
+    files.write_file(path, _bomb(), compression="zstd")
     assert path.stat().st_size < 1 << 20
-    with adp.open_file(path) as reader:
+    with files.open_file(path) as reader:
         with pytest.raises(DecodeError, match="max_decoded_bytes"):
             reader.read_batch(0)
     small = adp.DataProto(batch=TensorDict({"z": torch.zeros(4, 1 << 16, dtype=torch.int64)}, batch_size=[4]))
     assert_dataproto_equal(adp.from_ipc(adp.to_ipc(small, compression="zstd"), max_decoded_bytes=None), small)
-    with adp.open_file(path, max_decoded_bytes=None) as reader:
+    with files.open_file(path, max_decoded_bytes=None) as reader:
         assert reader.read_batch(0, ["z"]).batch["z"].shape == (64, 1 << 20)
 
 
@@ -265,9 +267,9 @@ import arrow_dataproto as adp
 from arrow_dataproto import files
 path = sys.argv[1]
 paths = {
-    "open": lambda: adp.open_file(path),
-    "dataset": lambda: adp.open_dataset(os.path.dirname(path)),
-    "recover": lambda: adp.recover_file(path, path + ".out"),
+    "open": lambda: files.open_file(path),
+    "dataset": lambda: files.open_dataset(os.path.dirname(path)),
+    "recover": lambda: files.recover_file(path, path + ".out"),
     "copy": lambda: files.copy_file(path, path + ".out"),
 }
 for what, call in paths.items():
@@ -294,7 +296,7 @@ def test_a_fifo_is_refused_without_opening_it(tmp_path):
 
 def test_a_directory_is_refused(tmp_path):
     with pytest.raises(DecodeError, match="not a regular file"):
-        adp.open_file(tmp_path)
+        files.open_file(tmp_path)
 
 
 # ---------------------------------------------------------------- 6. a writer after a failed write
@@ -337,8 +339,8 @@ def test_a_writer_refuses_further_use_after_a_failed_write(tmp_path):
     assert not path.exists()  # nothing half-written under the final name
     partial = Path(lines[3])
     assert partial.exists()  # the complete batches stay recoverable
-    assert adp.recover_file(partial, tmp_path / "fixed.arrow") == 1
-    recovered = adp.read_file(tmp_path / "fixed.arrow")
+    assert files.recover_file(partial, tmp_path / "fixed.arrow") == 1
+    recovered = files.read_file(tmp_path / "fixed.arrow")
     assert bool((recovered.batch["x"] == 1).all()) and recovered.batch["x"].shape == (64, 1024)
 
 
@@ -360,8 +362,8 @@ def test_recover_never_returns_a_half_written_batch(tmp_path):
     stream = b"ARROW1\x00\x00" + data[:cut] + data[size_two:]  # ...and batch 3 follows right after
     path = tmp_path / "x.arrow.partial"
     path.write_bytes(stream)
-    assert adp.recover_file(path, tmp_path / "fixed.arrow") == 1
-    assert bool((adp.read_file(tmp_path / "fixed.arrow").batch["x"] == 1).all())
+    assert files.recover_file(path, tmp_path / "fixed.arrow") == 1
+    assert bool((files.read_file(tmp_path / "fixed.arrow").batch["x"] == 1).all())
 
 
 # ---------------------------------------------------------------- 7. metadata that lies
@@ -409,10 +411,10 @@ def test_fine_datetimes_are_exact_through_pandas(dtype):
         ["NaT", "NaT", "NaT"], dtype=dtype)
     dp = adp.DataProto(non_tensor_batch={"t": values})
     try:
-        frame = adp.to_pandas(dp)
+        frame = adp_pandas.to_pandas(dp)
     except DataProtoError:
         return  # refused is allowed; silently truncated is not
-    back = adp.from_pandas(frame)
+    back = adp_pandas.from_pandas(frame)
     got = back.non_tensor_batch["t"]
     assert got.dtype == values.dtype and got.view(np.int64).tolist() == values.view(np.int64).tolist()
 
@@ -434,8 +436,8 @@ def test_shared_jagged_offsets_stay_shared(how, tmp_path):
     elif how == "pickle":
         out = pickle.loads(pickle.dumps(dp, protocol=5))
     elif how == "file":
-        adp.write_file(tmp_path / "x.arrow", dp)
-        out = adp.read_file(tmp_path / "x.arrow")
+        files.write_file(tmp_path / "x.arrow", dp)
+        out = files.read_file(tmp_path / "x.arrow")
     elif how == "slice":
         out = dp[0:4]
     elif how == "index":
@@ -508,7 +510,7 @@ def test_lone_surrogates_are_encode_errors_or_round_trip(where, tmp_path):
         dp = adp.DataProto(non_tensor_batch={"o": _objects(s, "x")})
     else:
         dp = adp.DataProto(meta_info={s: 1})
-    for encode in (adp.to_ipc, lambda d: adp.write_file(tmp_path / "x.arrow", d),
+    for encode in (adp.to_ipc, lambda d: files.write_file(tmp_path / "x.arrow", d),
                    lambda d: pickle.loads(pickle.dumps(d, protocol=5))):
         try:
             out = encode(dp)
@@ -534,10 +536,10 @@ def test_a_non_contiguous_memoryview_is_a_decode_error_or_reads():
 def test_a_unitless_datetime_through_to_pandas():
     dp = adp.DataProto(non_tensor_batch={"t": np.array(["NaT", "NaT"], dtype="M8")})
     try:
-        frame = adp.to_pandas(dp)
+        frame = adp_pandas.to_pandas(dp)
     except DataProtoError:
         return
-    assert adp.from_pandas(frame).non_tensor_batch["t"].dtype == np.dtype("M8")
+    assert adp_pandas.from_pandas(frame).non_tensor_batch["t"].dtype == np.dtype("M8")
 
 
 @pytest.mark.parametrize("shape", [[2**62, 2**62], [10**30], [2**40, 2**40, 2**40]])
@@ -545,20 +547,20 @@ def test_huge_shapes_in_dataframe_attrs_are_decode_errors(shape):
     dp = adp.DataProto(batch=TensorDict({"x": torch.zeros(2, 3)}, batch_size=[2]),
                        non_tensor_batch={"n": np.zeros((2, 3))})
     for column in ("x", "n"):
-        frame = adp.to_pandas(dp)
+        frame = adp_pandas.to_pandas(dp)
         key = "shape" if column == "x" else "row_shape"
         frame.attrs["arrow_dataproto"]["columns"][column][key] = shape
         with pytest.raises(DataProtoError, match=repr(column)):
-            adp.from_pandas(frame)
+            adp_pandas.from_pandas(frame)
 
 
 def test_head_columns_are_exact_names(tmp_path):
     dp = adp.DataProto(non_tensor_batch={"extra": np.array([1, 2]), "extra.p": _objects({1}, {2})})
-    adp.write_file(tmp_path / "x.arrow", dp)
+    files.write_file(tmp_path / "x.arrow", dp)
     result = run_cli("head", tmp_path / "x.arrow", "--columns", "extra")
     assert result.returncode == 0, result.stderr
     assert "extra.p" not in result.stdout and "pickled" not in result.stdout
-    with adp.open_file(tmp_path / "x.arrow") as reader:
+    with files.open_file(tmp_path / "x.arrow") as reader:
         assert list(reader.read_all(["extra"]).non_tensor_batch) == ["extra"]
 
 
@@ -569,17 +571,58 @@ def test_zero_rows_after_rows_adopt_the_files_types(tmp_path):
     pickled = _objects({1}, {2}, {3}, {4})
     strided = torch.nested.nested_tensor([torch.zeros(2, 3), torch.ones(1, 4), torch.zeros(3, 1), torch.ones(2, 2)])
     dp = adp.DataProto(batch=TensorDict({"s": strided}, batch_size=[4]), non_tensor_batch={"p": pickled})
-    with adp.FileWriter(tmp_path / "x.arrow") as writer:
+    with files.FileWriter(tmp_path / "x.arrow") as writer:
         writer.write(dp)
         writer.write(dp[0:0])
-    with adp.open_file(tmp_path / "x.arrow", allow_pickle=True) as reader:
+    with files.open_file(tmp_path / "x.arrow", allow_pickle=True) as reader:
         assert reader.batch_rows == [4, 0]
         assert_dataproto_equal(reader.read_batch(0), dp)
         assert len(reader.read_batch(1)) == 0
 
 
 def test_zero_rows_of_another_dtype_are_still_refused(tmp_path):
-    with adp.FileWriter(tmp_path / "x.arrow") as writer:
+    with files.FileWriter(tmp_path / "x.arrow") as writer:
         writer.write(adp.DataProto(non_tensor_batch={"p": _objects({1}, {2})}))
         with pytest.raises(adp.SchemaMismatchError):
             writer.write(adp.DataProto(non_tensor_batch={"p": np.zeros(0, dtype=np.int64)}))
+
+
+# ---------------------------------------------------------------- integrity: optional checksums
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_checksums_catch_a_flipped_bit_on_demand(tmp_path, compression):
+    pytest.importorskip("xxhash")
+    values = torch.arange(4096, dtype=torch.int64) * 1_000_003
+    dp = adp.DataProto(batch=TensorDict({"x": values, "f": values.float()}, [4096]),
+                       non_tensor_batch={"s": np.array([f"row {i}" for i in range(4096)], dtype=object)})
+    path = tmp_path / "x.arrow"
+    files.write_file(path, [dp[:2048], dp[2048:]], compression=compression, checksums=True)
+    with files.open_file(path, verify=True) as reader:
+        assert reader.verify() > 0
+        assert_dataproto_equal(reader.read_all(), dp)
+    result = run_cli("verify", path)
+    assert result.returncode == 0 and "match their checksums" in result.stdout, result.stderr
+    if compression is not None:
+        return  # a flipped bit in a compressed buffer is a decompression error, not silent
+    data = bytearray(path.read_bytes())
+    target = struct.pack("<q", 3000 * 1_000_003)
+    assert data.count(target) == 1
+    data[data.index(target)] ^= 0x04
+    path.write_bytes(bytes(data))
+    with files.open_file(path) as reader:  # without verify: read back unnoticed (Arrow has no checksum)
+        assert int(reader.read_all().batch["x"][3000]) != 3000 * 1_000_003
+    with files.open_file(path, verify=True) as reader:
+        reader.read_batch(0)  # the other batch is intact
+        with pytest.raises(DecodeError, match="batch 1: column 'x': buffer 0 does not match"):
+            reader.read_batch(1)
+    result = run_cli("verify", path)
+    assert result.returncode == 1 and "does not match its checksum" in result.stderr
+
+
+def test_verify_refuses_a_file_without_checksums(tmp_path):
+    files.write_file(tmp_path / "x.arrow", _strings("a", "b"))
+    with files.open_file(tmp_path / "x.arrow") as reader:
+        assert len(reader.read_all()) == 2
+        with pytest.raises(DecodeError, match="no checksums"):
+            reader.verify()
