@@ -32,8 +32,9 @@ never does: a writer writes ``PATH.<random>.partial`` and renames it over
 
 Errors: a file that is not ours, truncated or corrupt raises
 :class:`~arrow_dataproto.errors.DecodeError` (never a raw pyarrow error). Arrow
-files carry no checksum: a flipped bit in tensor values reads back unnoticed;
-pickled columns or ``meta_info`` raise
+files carry no checksum: a flipped bit in tensor values reads back unnoticed
+unless the file was written with ``checksums=True`` and is read with
+``verify=True`` (see :mod:`arrow_dataproto._checksum`); pickled columns or ``meta_info`` raise
 :class:`~arrow_dataproto.errors.PickleNotAllowedError` unless the reader was
 opened with ``allow_pickle=True``.
 """
@@ -881,6 +882,7 @@ class DatasetReader(_Reader):
         copy: bool = False,
         progress: bool = False,
         max_decoded_bytes: int | str | None = "auto",
+        verify: bool = False,
     ):
         super().__init__(allow_pickle=allow_pickle, device=device, copy=copy, progress=progress)
         if not paths:
@@ -889,7 +891,10 @@ class DatasetReader(_Reader):
         try:
             for path in paths:
                 self.files.append(
-                    FileReader(path, allow_pickle=allow_pickle, device=device, copy=copy, max_decoded_bytes=max_decoded_bytes)
+                    FileReader(
+                        path, allow_pickle=allow_pickle, device=device, copy=copy,
+                        max_decoded_bytes=max_decoded_bytes, verify=verify,
+                    )
                 )
             first = self.files[0]
             for other in self.files[1:]:
