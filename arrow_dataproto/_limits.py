@@ -23,7 +23,7 @@ from typing import Union
 
 import pyarrow as pa
 
-from .errors import DecodeError
+from .errors import ArgumentTypeError, DecodeError
 
 FLOOR = 64 << 20
 """Bytes any input may decode to under the ``"auto"`` limit."""
@@ -41,7 +41,7 @@ def limit(max_decoded_bytes: MaxDecoded, input_bytes: int) -> int | None:
     if max_decoded_bytes == "auto":
         return max(FLOOR, RATIO * input_bytes)
     if type(max_decoded_bytes) is not int or max_decoded_bytes < 0:
-        raise ValueError(f'max_decoded_bytes must be "auto", a non-negative int or None, got {max_decoded_bytes!r}')
+        raise ArgumentTypeError(f'max_decoded_bytes must be "auto", a non-negative int or None, got {max_decoded_bytes!r}')
     return max_decoded_bytes
 
 
