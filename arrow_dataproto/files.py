@@ -1042,20 +1042,16 @@ def recover_file(
         count = 0
         while True:
             start = position.tell()
-            try:
-                if allowed is not None:  # from the message header, before decompressing
-                    message = pa.ipc.read_message(body.slice(start))
-                    decoded = _limits.message_decoded_bytes(memoryview(message.metadata), message.body)
+            if allowed is not None:  # from the message header, before decompressing
+                decoded = _decoded_at(body, start)
+                if decoded is not None:
                     _limits.check(decoded, allowed, f"{source}: batch {count}")
+            try:
                 batch, custom = stream.read_next_batch_with_custom_metadata()
                 validate_arrow(batch)
             except (StopIteration, EOFError):  # the end of the stream (marker or file)
                 return
-            except DecodeError as e:
-                if "max_decoded_bytes" in str(e):
-                    raise
-                return  # a damaged batch: keep what came before
-            except (pa.ArrowException, OSError, ValueError):
+            except (pa.ArrowException, OSError, ValueError):  # DecodeError is a ValueError
                 return  # the cut (or a damaged batch): keep what came before
             end = position.tell()
             if end < body.size and body[end : end + 4].to_pybytes() != _CONTINUATION:
@@ -1069,6 +1065,16 @@ def recover_file(
         raise DecodeError(f"{source}: no complete batch before the end of the file")
     writer.close()
     return writer.num_batches
+
+
+def _decoded_at(body: pa.Buffer, start: int) -> int | None:
+    """What the message at ``body[start:]`` decodes to, from its header; None if no complete
+    message header is there (the end, or the cut: the reader stops there anyway)."""
+    try:
+        message = pa.ipc.read_message(body.slice(start))
+        return _limits.message_decoded_bytes(memoryview(message.metadata), message.body)
+    except (pa.ArrowException, OSError, ValueError, EOFError):  # DecodeError is a ValueError
+        return None
 
 
 _CONTINUATION = b"\xff\xff\xff\xff"

@@ -626,3 +626,14 @@ def test_verify_refuses_a_file_without_checksums(tmp_path):
         assert len(reader.read_all()) == 2
         with pytest.raises(DecodeError, match="no checksums"):
             reader.verify()
+
+
+def test_recovering_a_compression_bomb_is_refused(tmp_path):
+    path = tmp_path / "bomb.arrow"
+    files.write_file(path, _bomb(), compression="zstd")
+    with pytest.raises(DecodeError, match="max_decoded_bytes"):
+        files.recover_file(path, tmp_path / "out.arrow")
+    with pytest.raises(DecodeError, match="max_decoded_bytes"):
+        files.copy_file(path, tmp_path / "out.arrow")
+    assert not (tmp_path / "out.arrow").exists()
+    assert files.recover_file(path, tmp_path / "out.arrow", max_decoded_bytes=None) == 1
