@@ -22,6 +22,9 @@ reported with the input that caused it. Targets:
     ``open_file`` and every reader method (``column_info``, ``batch_rows``,
     ``column_nbytes``, ``meta_info_encoding``, ``read_meta_info``, ``read_batch``,
     ``read_rows``, ``read_all`` of a column subset), judged by ``read_all()``.
+``file-verify``
+    a file written with ``checksums=True``, read with ``verify=True`` and ``verify()``:
+    a flipped bit in any buffer must be a ``DecodeError``, never a different value.
 ``file-copy``, ``file-recover``, ``dataset``
     ``copy_file`` (a zstd file, copied to lz4), ``recover_file`` and ``open_dataset``
     of the file's folder (with ``column_nbytes``), judged by reading the result.
@@ -200,11 +203,11 @@ def _decode_state(state: list) -> adp.DataProto:
     return pickling.rebuild_dataproto(schema_bytes, num_rows, columns)
 
 
-def _encode_file(dp: adp.DataProto, compression: str | None) -> bytes:
+def _encode_file(dp: adp.DataProto, compression: str | None, checksums: bool = False) -> bytes:
     """An Arrow file of the seed in two batches (one if it has a single row)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "seed.arrow")
-        adp_files.write_file(path, dp.array_split(min(2, len(dp))), compression=compression)
+        adp_files.write_file(path, dp.array_split(min(2, len(dp))), compression=compression, checksums=checksums)
         return Path(path).read_bytes()
 
 
@@ -238,6 +241,12 @@ def _every_reader_method(path: str, out: str) -> adp.DataProto:
             reader.read_rows(1, 3)
             if reader.columns and not reader.pickled_columns:
                 reader.read_all(reader.columns[:1])
+        return reader.read_all()
+
+
+def _verified(path: str, out: str) -> adp.DataProto:
+    with adp_files.open_file(path, verify=True) as reader:
+        reader.verify()
         return reader.read_all()
 
 
@@ -318,6 +327,14 @@ def targets() -> dict[str, Target]:
                 mutate=lambda payload, rng, corpus, target, c=compression: _mutate_file(payload, rng, corpus, target, c),
             )
         )
+    found.append(
+        Target(
+            "file-verify",
+            encode=lambda dp: _encode_file(dp, None, checksums=True),
+            decode=lambda payload: _in_folder(payload, _verified),
+            mutate=lambda payload, rng, corpus, target: _mutate_file(payload, rng, corpus, target, None),
+        )
+    )
     for name, use, compression in (
         ("file-reader", _every_reader_method, None),
         ("file-copy", _copied, "zstd"),
