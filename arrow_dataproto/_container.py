@@ -596,16 +596,18 @@ class DataProto:
                 f"{os.fspath(filepath)!r} is not an Arrow file; if verl's save_to_disk wrote it (a pickle), "
                 "pass allow_pickle=True to load it (only for files you trust)"
             )
+        from .integrations.verl import VerlState, unpickle
+
         with open(filepath, "rb") as f:
             try:
-                loaded = _VerlUnpickler(f).load()
+                loaded = unpickle(f)
             except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, IndexError, TypeError, ValueError) as e:
                 if isinstance(e, DecodeError):
                     raise
                 raise DecodeError(f"{os.fspath(filepath)!r} is neither an Arrow file nor a readable DataProto pickle: {e}") from e
         if isinstance(loaded, DataProto):
             return loaded
-        if isinstance(loaded, _VerlState):
+        if isinstance(loaded, VerlState):
             return DataProto(loaded.batch, loaded.non_tensor_batch, loaded.meta_info)
         raise DecodeError(f"{os.fspath(filepath)!r} holds a pickled {type(loaded).__name__}, not a DataProto")
 
@@ -808,23 +810,6 @@ class _TakeRows:
 
     def __call__(self, indices: list[int]) -> DataProto:
         return self.data.select_idxs(torch.as_tensor(indices, dtype=torch.int64))
-
-
-class _VerlState:
-    """What a pickle of verl's ``DataProto`` loads into when verl is not imported:
-    its state is read by the verl integration's importer (both of verl's modes)."""
-
-    def __setstate__(self, state: Any) -> None:
-        from .integrations.verl import load_state
-
-        load_state(self, state)
-
-
-class _VerlUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) == ("verl.protocol", "DataProto"):
-            return _VerlState
-        return super().find_class(module, name)
 
 
 def _pick(values: dict, keys: Iterable[str] | None, name: str) -> dict:

@@ -68,6 +68,8 @@ __all__ = [
     "is_installed",
     "load_state",
     "rebuild",
+    "unpickle",
+    "VerlState",
     "uninstall",
     "verl_dataproto_class",
 ]
@@ -207,6 +209,35 @@ def load_state(self: Any, state: Any) -> None:
         raise DecodeError(f"verl DataProto state: the batch is neither bytes nor a tuple but {_describe(encoded)}")
     _check_parts(batch, non_tensor_batch, meta_info)
     self.batch, self.non_tensor_batch, self.meta_info = batch, non_tensor_batch, meta_info
+
+
+class VerlState:
+    """What a pickle of verl's ``DataProto`` loads into under :func:`unpickle`: an object with
+    its ``batch``, ``non_tensor_batch`` and ``meta_info``, decoded by :func:`load_state`."""
+
+    batch: Any
+    non_tensor_batch: dict
+    meta_info: dict
+
+    def __setstate__(self, state: Any) -> None:
+        load_state(self, state)
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("verl.protocol", "DataProto"):
+            return VerlState
+        return super().find_class(module, name)
+
+
+def unpickle(file: Any) -> Any:
+    """Unpickle a binary file object, loading verl's ``DataProto`` as a :class:`VerlState`
+    (verl need not be installed; both of verl's modes); everything else loads as usual.
+
+    This runs whatever code the pickle names: only for files you trust. Errors are the
+    unpickler's, or :class:`DecodeError` for a verl state that does not decode.
+    """
+    return _Unpickler(file).load()
 
 
 def _describe(value: Any) -> str:
