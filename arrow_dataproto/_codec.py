@@ -370,10 +370,10 @@ def _share_offsets(names: list[str], specs: list[TensorSpec], tensors: list[torc
         if j >= i or specs[j].kind != "jagged":
             raise column_error(DecodeError, names[i], f"adp.offsets_of names {spec.offsets_of!r}, not an earlier jagged column")
         values, offsets = _jagged.parts(tensors[i])
-        shared = tensors[j].offsets()
+        shared = _jagged.parts(tensors[j])[1]
         if offsets.shape != shared.shape or not torch.equal(offsets, shared.to(offsets.device)):
             continue
-        tensors[i] = _jagged.build(values.to(shared.device), shared, spec.ragged_idx)
+        tensors[i] = _jagged.build(values.to(shared.device), shared, _jagged.ragged_idx(tensors[i]))
 
 
 def read_stream(buffer: Any, max_decoded_bytes: _limits.MaxDecoded = "auto") -> list[pa.RecordBatch]:

@@ -58,7 +58,7 @@ def check_allocation(allocated: int, source_bytes: int, what: str) -> None:
     """:class:`DecodeError` if a metadata-sized allocation exceeds the ``"auto"`` limit for
     the bytes it is decoded from (``max(64 MiB, 256 x source_bytes)``): memory stays
     proportional to the input whatever the metadata says."""
-    allowed = limit("auto", source_bytes)
+    allowed = max(FLOOR, RATIO * source_bytes)
     if allocated > allowed:
         raise DecodeError(
             f"{what} would take {allocated:,} bytes decoded from {source_bytes:,}: over the limit of "
@@ -139,7 +139,7 @@ def message_decoded_bytes(metadata: bytes | memoryview, body: pa.Buffer | None) 
         offset, length = _unpack("<q", header.buf, at), _unpack("<q", header.buf, at + 8)
         if offset < 0 or length < 0 or offset + length > body_size:
             raise DecodeError("corrupt Arrow IPC message: a buffer lies outside the body")
-        if compressed and length >= 8:
+        if compressed and length >= 8 and body is not None:
             decoded = _unpack("<q", memoryview(body)[offset : offset + 8], 0)
             total += length - 8 if decoded == -1 else max(decoded, 0)
         else:
