@@ -336,6 +336,9 @@ class FileWriter:
             writer.close()
             self._sink.close()
             os.replace(self._partial, self.path)
+        except (pa.ArrowException, OSError) as e:  # the footer could not be written (disk full...)
+            self.abort()
+            raise EncodeError(f"cannot finish {self.path}: {e}; the file was not written") from e
         except BaseException:
             self.abort()
             raise
@@ -933,6 +936,10 @@ class DatasetReader(_Reader):
     def _metadata(self, i):
         file, local = next(self._split([i]))
         return file._metadata(local[0])
+
+    def verify(self) -> int:
+        """:meth:`FileReader.verify` of every file, in order; the number of buffers checked."""
+        return sum(file.verify() for file in self.files)
 
     def close(self) -> None:
         for file in self.files:

@@ -637,3 +637,13 @@ def test_recovering_a_compression_bomb_is_refused(tmp_path):
         files.copy_file(path, tmp_path / "out.arrow")
     assert not (tmp_path / "out.arrow").exists()
     assert files.recover_file(path, tmp_path / "out.arrow", max_decoded_bytes=None) == 1
+
+
+def test_a_writer_that_cannot_finish_raises_encode_error(tmp_path):
+    target = tmp_path / "x.arrow"
+    (target / "occupied").mkdir(parents=True)  # a non-empty folder where the file should go
+    writer = files.FileWriter(target)
+    writer.write(_strings("a"))
+    with pytest.raises(EncodeError, match="not written"):
+        writer.close()
+    assert target.is_dir() and not list(tmp_path.glob("*.partial"))
