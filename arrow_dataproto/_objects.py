@@ -166,7 +166,7 @@ def _flat_values(array: pa.Array) -> pa.Array:
 def _check_string_width(flat: pa.Array, dtype: np.dtype) -> None:
     """The recorded width of a ``U``/``S`` dtype must hold every value (a narrower one would
     truncate them silently), and may not make the decoded array larger than
-    :func:`arrow_dataproto._limits.bounded` allows for the bytes it is decoded from (a width
+    :func:`arrow_dataproto._limits.check_allocation` allows for the bytes it is decoded from (a width
     of 100,000,000 would turn a few bytes into gigabytes)."""
     width = dtype.itemsize // (4 if dtype.kind == "U" else 1)
     if len(flat):

@@ -271,7 +271,7 @@ def _array_cells(name: str, column: pa.Array, metadata: dict[str, str], copy: bo
     values = decode_column(name, column, metadata, allow_pickle=True)  # pickles this call made
     if values.dtype == object and values.ndim == 1:
         return pd.Series(values, dtype=object)
-    if values.ndim == 1 and values.dtype.kind in "biufcUS" or _pandas_time(values.dtype):
+    if values.ndim == 1 and (values.dtype.kind in "biufcUS" or _pandas_time(values.dtype)):
         return values.astype(values.dtype.newbyteorder("="), copy=False)
     if values.ndim == 1 and values.dtype.kind in "mM":  # ps/fs/as or unit-less: pandas would cut or refuse
         return pd.Series(list(values), dtype=object)
