@@ -102,6 +102,7 @@ from __future__ import annotations
 import argparse
 import base64
 import copy
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -327,14 +328,15 @@ def targets() -> dict[str, Target]:
                 mutate=lambda payload, rng, corpus, target, c=compression: _mutate_file(payload, rng, corpus, target, c),
             )
         )
-    found.append(
+    checksummed = [] if importlib.util.find_spec("xxhash") is None else [  # checksums need xxhash
         Target(
             "file-verify",
             encode=lambda dp: _encode_file(dp, None, checksums=True),
             decode=lambda payload: _in_folder(payload, _verified),
             mutate=lambda payload, rng, corpus, target: _mutate_file(payload, rng, corpus, target, None),
         )
-    )
+    ]
+    found += checksummed
     for name, use, compression in (
         ("file-reader", _every_reader_method, None),
         ("file-copy", _copied, "zstd"),
