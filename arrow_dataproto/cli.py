@@ -30,7 +30,7 @@ from typing import Any
 from . import __version__
 from ._format import VERSION, check_schema
 from .errors import DataProtoError, DecodeError, PickleNotAllowedError
-from .files import MAGIC, copy_file, open_file, progress_bar, recover_file, write_file
+from .files import MAGIC, copy_file, open_file, open_regular, progress_bar, recover_file, write_file
 from ._container import DataProto
 
 PICKLED = "<pickled>"
@@ -203,7 +203,7 @@ def load_pickled_dataproto(path: str | os.PathLike) -> DataProto:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    with open(args.input, "rb") as f:
+    with os.fdopen(open_regular(args.input), "rb") as f:  # a FIFO is refused, never read
         start = f.read(len(MAGIC))
     compression = None if args.compression == "none" else args.compression
     if start == MAGIC:

@@ -290,8 +290,10 @@ def test_a_fifo_is_refused_without_opening_it(tmp_path):
     result = run_python(_FIFO, str(fifo), timeout=60)
     outcomes = dict(line.split(" ", 1) for line in result.stdout.strip().splitlines())
     assert outcomes == dict.fromkeys(["open", "dataset", "recover", "copy"], "DecodeError"), result.stdout
-    result = run_cli("inspect", fifo, timeout=60)
-    assert result.returncode == 1 and "not a regular file" in result.stderr
+    for command in (["inspect", fifo], ["head", fifo], ["convert", fifo, fifo.parent / "out.arrow"],
+                    ["recover", fifo, fifo.parent / "out.arrow"]):
+        result = run_cli(*command, timeout=60)
+        assert result.returncode == 1 and "not a regular file" in result.stderr, (command, result.stderr)
 
 
 def test_a_directory_is_refused(tmp_path):
