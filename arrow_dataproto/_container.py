@@ -585,9 +585,9 @@ class DataProto:
         does an Arrow file holding pickled values; unpickling runs code from the file, so
         pass it only for files you trust. Tensors of a verl pickle own their memory.
         """
-        from .files import read_file
+        from .files import open_regular, read_file
 
-        with open(filepath, "rb") as f:
+        with os.fdopen(open_regular(filepath), "rb") as f:  # a FIFO is refused, never read
             head = f.read(6)
         if head == b"ARROW1":
             return read_file(filepath, allow_pickle=allow_pickle)

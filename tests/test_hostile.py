@@ -271,6 +271,7 @@ paths = {
     "dataset": lambda: files.open_dataset(os.path.dirname(path)),
     "recover": lambda: files.recover_file(path, path + ".out"),
     "copy": lambda: files.copy_file(path, path + ".out"),
+    "load_from_disk": lambda: adp.DataProto.load_from_disk(path),
 }
 for what, call in paths.items():
     print(what, end=" ", flush=True)
@@ -289,7 +290,7 @@ def test_a_fifo_is_refused_without_opening_it(tmp_path):
     os.mkfifo(fifo)
     result = run_python(_FIFO, str(fifo), timeout=60)
     outcomes = dict(line.split(" ", 1) for line in result.stdout.strip().splitlines())
-    assert outcomes == dict.fromkeys(["open", "dataset", "recover", "copy"], "DecodeError"), result.stdout
+    assert outcomes == dict.fromkeys(["open", "dataset", "recover", "copy", "load_from_disk"], "DecodeError"), result.stdout
     for command in (["inspect", fifo], ["head", fifo], ["convert", fifo, fifo.parent / "out.arrow"],
                     ["recover", fifo, fifo.parent / "out.arrow"]):
         result = run_cli(*command, timeout=60)
