@@ -519,7 +519,10 @@ def from_pandas(df: pd.DataFrame, *, device: str | torch.device | None = None) -
     Raises :class:`EncodeError` for values that do not fit their column
     (different row shapes in a dense column, missing values in a recorded
     tensor column, casts that lose the kind of number) or column names that
-    collide, and :class:`DecodeError` for a malformed ``attrs`` record.
+    collide, and :class:`DecodeError` for a malformed ``attrs`` record. ``attrs``
+    survive parquet, so they are checked like file metadata (``SECURITY.md``): a
+    recorded string width may not make a column more than 64 MiB or 256 times its
+    strings' own size, and no recorded shape may hold more than 2**58 elements per row.
     """
     if not isinstance(df, pd.DataFrame):
         raise EncodeError(f"expected a pandas DataFrame, got {type(df).__name__}")
