@@ -9,9 +9,16 @@ Public API::
     read_file, open_dataset, recover_file
     to_pandas, from_pandas                     DataFrames (arrow_dataproto.pandas; needs pandas)
     DataProtoError and its subclasses          every error the library raises
+
+Names are imported on first use (PEP 562), so ``import arrow_dataproto`` (and the
+``arrow-dataproto`` command's ``--help``) does not import torch or pyarrow.
 """
 
-from .codec import FORMAT_VERSION, from_arrow, from_ipc, to_arrow, to_ipc
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     ColumnNotFoundError,
     DataProtoError,
@@ -21,20 +28,38 @@ from .errors import (
     PickleNotAllowedError,
     SchemaMismatchError,
 )
-from .files import FileWriter, open_dataset, open_file, read_file, recover_file, write_file
-from .pickling import ReceiveOptions, get_receive_options, receive_options, set_receive_options
-from .protocol import DataProto, DataProtoItem
 
 __version__ = "0.1.0"
 
+_LAZY = {
+    "codec": ("FORMAT_VERSION", "from_arrow", "from_ipc", "to_arrow", "to_ipc"),
+    "files": ("FileWriter", "open_dataset", "open_file", "read_file", "recover_file", "write_file"),
+    "pickling": ("ReceiveOptions", "get_receive_options", "receive_options", "set_receive_options"),
+    "protocol": ("DataProto", "DataProtoItem"),
+    "pandas": ("to_pandas", "from_pandas"),  # optional dependency; not in __all__
+}
+_MODULE_OF = {name: module for module, names in _LAZY.items() for name in names}
 
-def __getattr__(name: str):
-    # pandas is an optional dependency: import its module only when asked for.
-    if name in ("to_pandas", "from_pandas"):
-        from . import pandas as _pandas
+if TYPE_CHECKING:
+    from .codec import FORMAT_VERSION, from_arrow, from_ipc, to_arrow, to_ipc
+    from .files import FileWriter, open_dataset, open_file, read_file, recover_file, write_file
+    from .pandas import from_pandas, to_pandas
+    from .pickling import ReceiveOptions, get_receive_options, receive_options, set_receive_options
+    from .protocol import DataProto, DataProtoItem
 
-        return getattr(_pandas, name)
-    raise AttributeError(f"module 'arrow_dataproto' has no attribute {name!r}")
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'arrow_dataproto' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_MODULE_OF})
+
 
 __all__ = [
     "DataProto",
