@@ -25,7 +25,7 @@ from typing import Any, Callable, TypeVar
 import torch
 
 from . import DataProto, from_ipc, open_file, receive_options, to_arrow, to_ipc, write_file
-from .samples import ppo_batch
+from .samples import nbytes, ppo_batch
 
 T = TypeVar("T")
 _LABEL = 46
@@ -50,9 +50,9 @@ def _note(label: str, text: str) -> None:
 
 
 def _check(label: str, original: DataProto, other: DataProto) -> None:
-    same = list(original.batch.keys()) == list(other.batch.keys()) and all(
-        torch.equal(original.batch[k], other.batch[k]) for k in original.batch.keys()
-    )
+    a, b = original.batch, other.batch
+    assert a is not None and b is not None  # the demo's batches all have tensors
+    same = list(a.keys()) == list(b.keys()) and all(torch.equal(a[k], b[k]) for k in a.keys())
     same = same and all((original.non_tensor_batch[k] == other.non_tensor_batch[k]).all() for k in original.non_tensor_batch)
     same = same and original.meta_info == other.meta_info
     _note(label, "exact" if same else "MISMATCH")
@@ -75,7 +75,7 @@ def _against_rivals(data: DataProto, repeats: int) -> None:
         print(f"  {name:<34} {encode_s * 1e3:10.2f} {decode_s * 1e3:10.2f} {encode_x:9.1f} {decode_x:9.1f}")
 
 
-def _ray_round_trip(data: DataProto, repeats: int) -> None:
+def _ray_round_trip(data: DataProto, tensor_bytes: int, repeats: int) -> None:
     try:
         import ray
     except ImportError:
@@ -89,7 +89,7 @@ def _ray_round_trip(data: DataProto, repeats: int) -> None:
             batch.batch["advantages"].mul_(2)  # the default receive mode copies: safe to write
             return batch.select(batch_keys=["advantages"], non_tensor_batch_keys=["uid"])
 
-    store = max(256 * 1024**2, 4 * sum(t.nbytes for t in data.batch.values()))
+    store = max(256 * 1024**2, 4 * tensor_bytes)  # room for a few copies of the batch
     start = time.perf_counter()
     # Quiet start: no dashboard, no worker logs, and Ray's own INFO/WARNING start-up lines off.
     ray.init(num_cpus=2, object_store_memory=store, include_dashboard=False, log_to_driver=False,
@@ -102,7 +102,7 @@ def _ray_round_trip(data: DataProto, repeats: int) -> None:
                         lambda: ray.get(learner.update.remote(ref)))
         with receive_options(copy=False):
             _timed("ray.get(ref) zero-copy (read-only views)", repeats, lambda: ray.get(ref))
-        ok = torch.equal(result.batch["advantages"], data.batch["advantages"] * 2)
+        ok = torch.equal(result.batch["advantages"], data.batch["advantages"] * 2)  # type: ignore[index]
         ok = ok and bool((result.non_tensor_batch["uid"] == data.non_tensor_batch["uid"]).all())
         _note("actor saw and returned exact data", "yes" if ok else "NO")
         if not ok:
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
 
     batch, non_tensor, meta_info = ppo_batch(args.rows, args.prompt, args.response)
     data = DataProto(batch, non_tensor, meta_info)
-    tensor_bytes = sum(t.nbytes for t in batch.values())
+    tensor_bytes = nbytes(batch)
     print(f"PPO batch: {len(data)} rows x ({args.prompt} prompt + {args.response} response) tokens")
     print(f"  {len(batch.keys())} tensor columns, {tensor_bytes / 2**20:.1f} MiB; non-tensor {list(non_tensor)}")
     print(f"  meta_info keys {list(meta_info)}")
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
         _against_rivals(data, repeats)
     if not args.no_ray:
         print("\nRay: driver -> actor -> driver:")
-        _ray_round_trip(data, repeats)
+        _ray_round_trip(data, tensor_bytes, repeats)
     print("\ndone")
 
 
