@@ -1,5 +1,9 @@
 """The notebooks are committed executed (outputs and plots visible in the repository), and they
-still run top to bottom here, so they never rot."""
+still run top to bottom here, so they never rot.
+
+After changing a notebook or what it shows, re-execute it in place and commit the result:
+``python tests/test_notebook.py`` (all of them) or ``python tests/test_notebook.py notebooks/NAME.ipynb``.
+"""
 
 from __future__ import annotations
 
@@ -71,17 +75,34 @@ def test_notebook_is_committed_executed(path):
     _check(notebook, path)
 
 
-@pytest.mark.parametrize("path", list(EXPECTED), ids=lambda p: p.stem)
-def test_notebook_runs(tmp_path, path):
+def execute(path: Path, workdir: Path):
+    """``path``'s notebook executed from scratch by this interpreter in ``workdir``; raises
+    ``CellExecutionError``, naming the cell, if any cell fails."""
     notebook = nbformat.read(path, as_version=4)
     for cell in notebook.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     client = nbclient.NotebookClient(
         notebook,
-        km=this_interpreter_kernel(tmp_path),
+        km=this_interpreter_kernel(workdir),
         timeout=300,
-        resources={"metadata": {"path": str(tmp_path)}},
+        record_timing=False,  # no timestamps in committed cells
+        resources={"metadata": {"path": str(workdir)}},
     )
-    client.execute()  # raises CellExecutionError, naming the cell, if any cell fails
-    _check(notebook, path)
+    client.execute()
+    return notebook
+
+
+@pytest.mark.parametrize("path", list(EXPECTED), ids=lambda p: p.stem)
+def test_notebook_runs(tmp_path, path):
+    _check(execute(path, tmp_path), path)
+
+
+if __name__ == "__main__":
+    import sys
+    import tempfile
+
+    for name in sys.argv[1:] or [str(p) for p in EXPECTED]:
+        with tempfile.TemporaryDirectory() as tmp:
+            nbformat.write(execute(Path(name).resolve(), Path(tmp)), name)
+        print("executed", name)
