@@ -82,6 +82,7 @@ def execute(path: Path, workdir: Path):
     for cell in notebook.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
+            cell.metadata.pop("execution", None)
     client = nbclient.NotebookClient(
         notebook,
         km=this_interpreter_kernel(workdir),
