@@ -5,6 +5,7 @@ Public API::
     DataProto, DataProtoItem                   the batch container (verl-compatible)
     to_arrow, from_arrow, to_ipc, from_ipc     the codec
     receive_options, set_receive_options       what an unpickled DataProto copies and where it goes
+    receive_mode                               the receive mode in force here (copy-on-write by default), and why
     write_file, FileWriter, open_file,         Arrow IPC files of batches (arrow_dataproto.files)
     read_file, open_dataset, recover_file
     to_pandas, from_pandas                     DataFrames (arrow_dataproto.pandas; needs pandas)
@@ -34,7 +35,9 @@ __version__ = "0.1.0"
 _LAZY = {
     "codec": ("FORMAT_VERSION", "from_arrow", "from_ipc", "to_arrow", "to_ipc"),
     "files": ("FileWriter", "open_dataset", "open_file", "read_file", "recover_file", "write_file"),
-    "pickling": ("ReceiveOptions", "get_receive_options", "receive_options", "set_receive_options"),
+    "pickling": (
+        "ReceiveMode", "ReceiveOptions", "get_receive_options", "receive_mode", "receive_options", "set_receive_options"
+    ),
     "protocol": ("DataProto", "DataProtoItem"),
     "pandas": ("to_pandas", "from_pandas"),  # optional dependency; not in __all__
 }
@@ -44,7 +47,14 @@ if TYPE_CHECKING:
     from .codec import FORMAT_VERSION, from_arrow, from_ipc, to_arrow, to_ipc
     from .files import FileWriter, open_dataset, open_file, read_file, recover_file, write_file
     from .pandas import from_pandas, to_pandas
-    from .pickling import ReceiveOptions, get_receive_options, receive_options, set_receive_options
+    from .pickling import (
+        ReceiveMode,
+        ReceiveOptions,
+        get_receive_options,
+        receive_mode,
+        receive_options,
+        set_receive_options,
+    )
     from .protocol import DataProto, DataProtoItem
 
 
@@ -69,7 +79,9 @@ __all__ = [
     "to_ipc",
     "from_ipc",
     "FORMAT_VERSION",
+    "ReceiveMode",
     "ReceiveOptions",
+    "receive_mode",
     "get_receive_options",
     "receive_options",
     "set_receive_options",

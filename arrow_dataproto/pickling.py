@@ -5,48 +5,85 @@ each Arrow buffer -- each tensor's bytes -- to the callback as a
 ``PickleBuffer``; the in-band part is the schema and a few integers per column,
 a few KiB whatever the batch size. Protocols below 5 carry the bytes in band.
 
-What the receiver gets is set by :class:`ReceiveOptions`: by default every
-tensor is copied out of the received buffers, so that nothing a receiver does
-to its tensors can change what another reader of the same bytes (another Ray
-worker reading the same object) sees. ``copy=False`` views the buffers
-instead; ``device=`` decodes straight onto a device. Choose per call with
-:func:`receive_options` or process-wide with :func:`set_receive_options` or the
-environment variables ``ARROW_DATAPROTO_COPY`` (``0``/``1``) and
-``ARROW_DATAPROTO_DEVICE``.
+What the receiver gets is set by :class:`ReceiveOptions`. By default
+(``copy="on_write"``) tensors are copy-on-write views: buffers that lie in
+shared memory (Ray's object store) are mapped a second time, privately, so that
+reading costs no copy and a write copies only the pages it touches, in the
+writing process alone; buffers in ordinary memory are copied. Nothing a
+receiver does to its tensors can change what another reader of the same bytes
+(another Ray worker reading the same object) sees, and nothing another reader
+does can change them. ``copy=True`` copies every tensor; ``copy=False`` views the
+buffers as they are (shared: read-only contract); ``device=`` decodes straight
+onto a device. Choose per call with :func:`receive_options` or process-wide
+with :func:`set_receive_options` or the environment variables
+``ARROW_DATAPROTO_COPY`` (``on_write``/``1``/``0``) and ``ARROW_DATAPROTO_DEVICE``.
+:func:`receive_mode` tells what is in force, and why.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import os
 from dataclasses import dataclass, replace
+from typing import Literal, NamedTuple, Union
 
+import numpy as np
 import pyarrow as pa
+import torch
 
+from . import _shm
 from .codec import record_batch_of
 from .errors import DecodeError, column_error
+
+ON_WRITE = "on_write"
+Copy = Union[bool, Literal["on_write"]]
 
 
 @dataclass(frozen=True)
 class ReceiveOptions:
     """How an unpickled DataProto is rebuilt.
 
-    ``copy=True`` (default): tensors own their memory (one copy; none extra when
+    ``copy="on_write"`` (default): CPU tensors are private copy-on-write views.
+    Buffers in shared memory (Ray's object store, for objects over ~100 KiB)
+    are mapped again with ``MAP_PRIVATE``: no copy on receipt, reads at
+    zero-copy speed, and an in-place write copies the pages it touches in this
+    process only. The tensors keep the Ray object alive (pinned) until the last
+    of them dies. Buffers in ordinary memory (inlined small objects, plain
+    ``pickle.loads``) and every buffer where mapping is impossible here (see
+    :func:`receive_mode`) are copied instead: never a shared view.
+    ``copy=True``: tensors own their memory (one copy; none extra when
     ``device`` is an accelerator, where the transfer is the copy).
     ``copy=False``: CPU tensors view the received buffers (Ray: the shared-memory
     object store). Treat them as read-only: an in-place write changes the
     object for every process that reads it.
     ``device``: where tensors go (``None``: the device recorded by the sender,
     or the CPU if this process lacks it).
+
+    Numeric numpy columns of ``non_tensor_batch`` are copies in both copying
+    modes, and read-only views with ``copy=False``.
     """
 
-    copy: bool = True
+    copy: Copy = ON_WRITE
     device: str | None = None
+
+    def __post_init__(self):
+        if self.copy not in (True, False, ON_WRITE) or not isinstance(self.copy, (bool, str)):
+            raise ValueError(f"copy must be True, False or {ON_WRITE!r}, got {self.copy!r}")
+
+
+_COPY_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
 
 def _from_environment() -> ReceiveOptions:
-    copy = os.environ.get("ARROW_DATAPROTO_COPY", "1").strip().lower() not in ("0", "false", "no", "off")
+    word = os.environ.get("ARROW_DATAPROTO_COPY", ON_WRITE).strip().lower().replace("-", "_")
+    copy = ON_WRITE if word == ON_WRITE else _COPY_WORDS.get(word)
+    if copy is None:
+        logging.getLogger("arrow_dataproto").warning(
+            "ARROW_DATAPROTO_COPY=%r is not one of on_write, 1, 0: using on_write", word
+        )
+        copy = ON_WRITE
     return ReceiveOptions(copy=copy, device=os.environ.get("ARROW_DATAPROTO_DEVICE") or None)
 
 
@@ -59,7 +96,7 @@ def get_receive_options() -> ReceiveOptions:
     return _current.get() or _process_default
 
 
-def set_receive_options(*, copy: bool | None = None, device: str | None = None) -> ReceiveOptions:
+def set_receive_options(*, copy: Copy | None = None, device: str | None = None) -> ReceiveOptions:
     """Change the process-wide default (arguments left ``None`` keep their value); returns the new default."""
     global _process_default
     changes = {k: v for k, v in (("copy", copy), ("device", device)) if v is not None}
@@ -68,7 +105,7 @@ def set_receive_options(*, copy: bool | None = None, device: str | None = None) 
 
 
 @contextlib.contextmanager
-def receive_options(*, copy: bool | None = None, device: str | None = None):
+def receive_options(*, copy: Copy | None = None, device: str | None = None):
     """Within the block, DataProtos unpickled in this thread/task use these options.
 
     >>> with receive_options(copy=False):
@@ -102,7 +139,7 @@ def _array_state(array: pa.Array) -> tuple:
     return len(array), array.null_count, array.offset, buffers, [_array_state(c) for c in children]
 
 
-def _array(kind: pa.DataType, state: tuple) -> pa.Array:
+def _array(kind: pa.DataType, state: tuple, private: dict[int, pa.Buffer]) -> pa.Array:
     storage_kind = kind.storage_type if isinstance(kind, pa.BaseExtensionType) else kind
     length, null_count, offset, buffers, children = state
     if pa.types.is_struct(storage_kind):
@@ -121,16 +158,16 @@ def _array(kind: pa.DataType, state: tuple) -> pa.Array:
         and -1 <= null_count <= length
     ):
         raise DecodeError(f"array of type {kind}: bad length {length!r}, null count {null_count!r} or offset {offset!r}")
-    buffers = [None if b is None else pa.py_buffer(b) for b in buffers]
-    child_arrays = [_array(k, c) for k, c in zip(child_kinds, children)] or None
+    buffers = [None if b is None else private.get(id(b)) or pa.py_buffer(b) for b in buffers]
+    child_arrays = [_array(k, c, private) for k, c in zip(child_kinds, children)] or None
     storage = pa.Array.from_buffers(storage_kind, length, buffers, null_count, offset, child_arrays)
     return pa.ExtensionArray.from_storage(kind, storage) if storage_kind is not kind else storage
 
 
-def _column(field: pa.Field, state: tuple) -> pa.Array:
+def _column(field: pa.Field, state: tuple, private: dict[int, pa.Buffer]) -> pa.Array:
     """One pickled column's array; :class:`DecodeError` naming the column if its state is corrupt."""
     try:
-        return _array(field.type, state)
+        return _array(field.type, state, private)
     except (pa.ArrowException, OSError, TypeError, ValueError) as e:
         raise column_error(DecodeError, field.name, f"corrupt pickled column: {e}") from e
 
@@ -144,13 +181,33 @@ def batch_state(record_batch: pa.RecordBatch) -> tuple[bytes, int, list[tuple]]:
     )
 
 
-def batch_from_state(schema_bytes: bytes, num_rows: int, columns: list[tuple]) -> pa.RecordBatch:
-    """Inverse of :func:`batch_state`, zero-copy over the buffers it is given."""
+def _state_buffers(state: tuple) -> list:
+    """Every buffer object of a column state (a malformed state yields what it can; :func:`_array` rejects it)."""
+    if not (isinstance(state, tuple) and len(state) == 5):
+        return []
+    buffers, children = state[3], state[4]
+    found = [b for b in buffers if b is not None] if isinstance(buffers, (list, tuple)) else []
+    for child in children if isinstance(children, (list, tuple)) else ():
+        found += _state_buffers(child)
+    return found
+
+
+def _private_buffers(columns: list[tuple]) -> dict[int, pa.Buffer]:
+    """``id(buffer object) -> private view or copy`` for every buffer of the state (see :mod:`._shm`)."""
+    originals = [b for c in columns for b in _state_buffers(c)]
+    views = _shm.private_views([pa.py_buffer(b) for b in originals])
+    return {id(b): v for b, v in zip(originals, views)}
+
+
+def batch_from_state(schema_bytes: bytes, num_rows: int, columns: list[tuple], *, private: bool = False) -> pa.RecordBatch:
+    """Inverse of :func:`batch_state`: zero-copy over the buffers it is given, or,
+    with ``private=True``, over copy-on-write views (or copies) of them."""
     try:
         schema = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
         if len(columns) != len(schema):
             raise DecodeError(f"pickled batch has {len(columns)} columns, its schema {len(schema)}")
-        return record_batch_of([_column(f, c) for f, c in zip(schema, columns)], schema, num_rows)
+        views = _private_buffers(columns) if private else {}
+        return record_batch_of([_column(f, c, views) for f, c in zip(schema, columns)], schema, num_rows)
     except (pa.ArrowException, OSError, TypeError, ValueError) as e:  # pyarrow: OSError for corrupt schema bytes
         if isinstance(e, DecodeError):
             raise
@@ -164,6 +221,10 @@ def reduce_dataproto(data) -> tuple:
     return rebuild_dataproto, batch_state(to_arrow(data))
 
 
+def _off_cpu(device: str | None) -> bool:
+    return device is not None and torch.device(device).type != "cpu"
+
+
 def rebuild_dataproto(schema_bytes: bytes, num_rows: int, columns: list[tuple]):
     """Unpickle a DataProto under the :func:`get_receive_options` in force.
 
@@ -172,5 +233,46 @@ def rebuild_dataproto(schema_bytes: bytes, num_rows: int, columns: list[tuple]):
     from .codec import from_arrow
 
     options = get_receive_options()
-    record_batch = batch_from_state(schema_bytes, num_rows, columns)
-    return from_arrow(record_batch, device=options.device, copy=options.copy, allow_pickle=True)
+    on_write = options.copy == ON_WRITE and not _off_cpu(options.device)
+    record_batch = batch_from_state(schema_bytes, num_rows, columns, private=on_write)
+    data = from_arrow(record_batch, device=options.device, copy=options.copy is True, allow_pickle=True)
+    if on_write:  # numpy views of the private buffers would be read-only: give writable copies
+        for key, values in data.non_tensor_batch.items():
+            if values.dtype != object and not values.flags.writeable:
+                data.non_tensor_batch[key] = np.array(values)
+    return data
+
+
+class ReceiveMode(NamedTuple):
+    """What a DataProto received here (through Ray's shared memory) gets, and why.
+
+    ``mode``: ``"on_write"`` (private copy-on-write views), ``"copy"`` or ``"view"``
+    (shared, read-only contract); ``reason``: one sentence.
+    """
+
+    mode: str
+    reason: str
+
+
+def receive_mode() -> ReceiveMode:
+    """The receive mode in force here for objects in shared memory, and why.
+
+    Copy-on-write falls back to copying, never to shared views: when it is
+    unavailable in this process (not Linux, no ``/proc``, no reachable
+    descriptor on the object store, ``mmap`` refused: logged once on the
+    ``arrow_dataproto`` logger when first met) the reason is given here. Small
+    objects that Ray inlines (under ~100 KiB) are never in shared memory and are
+    always copied; so are tensors decoded onto an accelerator (the transfer is
+    the copy).
+    """
+    options = get_receive_options()
+    if _off_cpu(options.device):
+        return ReceiveMode("copy", f"tensors are decoded onto {options.device}: the transfer is the copy")
+    if options.copy is True:
+        return ReceiveMode("copy", "copy=True was asked for")
+    if options.copy is False:
+        return ReceiveMode("view", "copy=False was asked for: tensors view shared memory, treat them as read-only")
+    reason = _shm.unavailable_reason()
+    if reason is not None:
+        return ReceiveMode("copy", f"copy-on-write is unavailable here: {reason}")
+    return ReceiveMode("on_write", "shared-memory buffers are mapped privately; a write copies only the pages it touches")

@@ -9,8 +9,15 @@ This module adds what a trainer dispatching batches to a group of workers uses.
 What a receiver gets is set by the :class:`~arrow_dataproto.ReceiveOptions` in
 force where the DataProto is unpickled:
 
-- ``copy=True`` (default): tensors own their memory, one copy out of the object
-  store. Nothing a receiver does to them reaches another reader of the object.
+- ``copy="on_write"`` (default): CPU tensors are private copy-on-write mappings
+  of the object's pages in the store: no copy on receipt, reads at zero-copy
+  speed, and an in-place write copies only the pages it touches, in the writing
+  process. Nothing a receiver does reaches another reader of the object, and
+  the tensors keep the object alive (pinned) until the last of them dies.
+  Where mapping is impossible (inlined objects under ~100 KiB, no ``/proc``, ...)
+  tensors are copied instead; :func:`~arrow_dataproto.receive_mode` says which
+  mode is in force and why.
+- ``copy=True``: tensors own their memory, one copy out of the object store.
 - ``copy=False``: CPU tensors view the shared-memory object store, no copy. The
   contract is read-only: an in-place write (``add_``, ``masked_fill_``, an
   optimizer step on a view...) changes the object for every process that reads
@@ -29,7 +36,7 @@ Where to choose them, from the narrowest scope to the widest:
 ``@receiving(copy=False)``              every ``ray.get`` in a function or actor method
 ``set_receive_options(copy=False)``     the whole process, e.g. in an actor's
                                         ``__init__``
-``ARROW_DATAPROTO_COPY=0``,             the whole process, read at import; for an
+``ARROW_DATAPROTO_COPY=0|1|on_write``,  the whole process, read at import; for an
 ``ARROW_DATAPROTO_DEVICE=cuda``         actor: ``.options(runtime_env={"env_vars": ...})``
 ======================================  ============================================
 
@@ -49,7 +56,7 @@ import functools
 from typing import Any, Callable, Sequence
 
 from .errors import DataProtoError
-from .pickling import batch_state, rebuild_dataproto, receive_options
+from .pickling import Copy, batch_state, rebuild_dataproto, receive_options
 from .protocol import DataProto
 
 __all__ = ["Parcel", "receive_as", "get", "receiving", "scatter", "broadcast", "gather", "scatter_gather"]
@@ -76,7 +83,7 @@ class Parcel:
 
     __slots__ = ("data", "copy", "device")
 
-    def __init__(self, data: Any, *, copy: bool | None = None, device: str | None = None):
+    def __init__(self, data: Any, *, copy: Copy | None = None, device: str | None = None):
         self.data = data
         self.copy = copy
         self.device = None if device is None else str(device)
@@ -99,7 +106,7 @@ def _unpack(copy: bool | None, device: str | None, schema_bytes: bytes, num_rows
         return rebuild_dataproto(schema_bytes, num_rows, columns)
 
 
-def receive_as(data: Any, *, copy: bool | None = None, device: str | None = None) -> Parcel:
+def receive_as(data: Any, *, copy: Copy | None = None, device: str | None = None) -> Parcel:
     """Wrap ``data`` (a DataProto, verl's included, or a TensorDict) so that whoever
     unpickles it gets a :class:`~arrow_dataproto.DataProto` decoded with ``copy``
     and ``device`` (options left ``None`` are the receiver's).
@@ -113,7 +120,7 @@ def receive_as(data: Any, *, copy: bool | None = None, device: str | None = None
 # ---------------------------------------------------------------- per-call options
 
 
-def get(refs: Any, *, copy: bool | None = None, device: str | None = None, timeout: float | None = None) -> Any:
+def get(refs: Any, *, copy: Copy | None = None, device: str | None = None, timeout: float | None = None) -> Any:
     """``ray.get(refs, timeout=timeout)``, decoding the DataProtos it returns with
     ``copy`` and ``device`` (``None``: the options in force, see
     :func:`~arrow_dataproto.get_receive_options`).
@@ -146,7 +153,7 @@ def _library_error(error: BaseException) -> DataProtoError | None:
     return None
 
 
-def receiving(*, copy: bool | None = None, device: str | None = None) -> Callable[[Callable], Callable]:
+def receiving(*, copy: Copy | None = None, device: str | None = None) -> Callable[[Callable], Callable]:
     """Decorator: the function runs under ``receive_options(copy=copy, device=device)``,
     so the DataProtos it fetches with ``ray.get`` are decoded so. Its own
     arguments are not: Ray decodes them before the call.
@@ -200,8 +207,9 @@ def broadcast(actors: Sequence[Any], method: str, data: Any, *args: Any, **kwarg
     (passing ``data`` itself would store one copy per call). Returns the ``ObjectRef`` s.
 
     Each actor decodes it under its own receive options (``data`` may be a
-    :class:`Parcel`): by default each gets a private copy; with ``copy=False`` all
-    of them view the same shared memory, so one's in-place write reaches all.
+    :class:`Parcel`): by default each gets a private copy-on-write view, so the
+    actors share the object's pages until one writes; with ``copy=False`` all of
+    them view the same shared memory, so one's in-place write reaches all.
     """
     if not actors:
         raise ValueError("broadcast needs at least one actor")

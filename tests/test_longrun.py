@@ -9,8 +9,8 @@ of one object, and an actor dying mid-call.
   objects at new addresses and is bounded by the store's size; the leak check is on
   private memory (RSS minus shared pages), which may grow by at most 20% + 200 MiB after
   the warm-up. The object store returns to what it held before the run.
-- Eight actors decode the same object at the same time (copying, then viewing the shared
-  memory): all see exactly the driver's data.
+- Eight actors decode the same object at the same time (copy-on-write, copying, then viewing
+  the shared memory): all see exactly the driver's data.
 - An actor killed (``os._exit``) while it holds a batch: the driver gets Ray's error, and
   both its own batch and the object in the store are bit-equal to a saved copy.
 """
@@ -136,7 +136,7 @@ def readers(ray_session):
         ray.kill(actor)
 
 
-@pytest.mark.parametrize("copy_mode", [True, False], ids=["copy", "zero-copy"])
+@pytest.mark.parametrize("copy_mode", ["on_write", True, False], ids=["copy-on-write", "copy", "zero-copy"])
 def test_eight_readers_of_one_object_see_exact_data(readers, copy_mode):
     dp = ppo()
     expected = digest(dp)

@@ -161,7 +161,9 @@ def test_chunk_of_a_batch_ships_only_its_rows():
 
 
 def test_default_receive_copies_out_of_the_buffers():
-    assert adp.get_receive_options() == adp.ReceiveOptions(copy=True, device=None)
+    """Buffers in ordinary memory (here: not Ray's shared memory) are copied by the
+    copy-on-write default; ``tests/test_cow.py`` covers shared memory."""
+    assert adp.get_receive_options() == adp.ReceiveOptions(copy="on_write", device=None)
     dp = sample_dataproto()
     data, buffers = dumps5(dp)
     ranges = address_ranges(buffers)
@@ -178,7 +180,7 @@ def test_receive_options_copy_false_views_the_buffers():
     with adp.receive_options(copy=False):
         assert adp.get_receive_options().copy is False
         out = pickle.loads(data, buffers=buffers)
-    assert adp.get_receive_options().copy is True
+    assert adp.get_receive_options().copy == "on_write"
     pointers = data_pointers(out)
     assert pointers and all(points_into(p, ranges) for p in pointers.values())
     assert_dataproto_equal(dp, out)
@@ -193,7 +195,7 @@ def test_receive_options_nest_and_restore():
     with pytest.raises(RuntimeError):
         with adp.receive_options(copy=False):
             raise RuntimeError("inside")
-    assert adp.get_receive_options().copy is True
+    assert adp.get_receive_options().copy == "on_write"
 
 
 def test_receive_options_are_per_thread():
@@ -202,7 +204,7 @@ def test_receive_options_are_per_thread():
         thread = threading.Thread(target=lambda: seen.update(options=adp.get_receive_options()))
         thread.start()
         thread.join()
-    assert seen["options"].copy is True
+    assert seen["options"].copy == "on_write"
 
 
 def test_set_receive_options_changes_the_process_default(restore_receive_options):
@@ -221,7 +223,10 @@ def test_set_receive_options_changes_the_process_default(restore_receive_options
 @pytest.mark.parametrize(
     "copy, device, expected",
     [
-        (None, None, adp.ReceiveOptions(copy=True, device=None)),
+        (None, None, adp.ReceiveOptions(copy="on_write", device=None)),
+        ("on_write", None, adp.ReceiveOptions(copy="on_write")),
+        ("On-Write", None, adp.ReceiveOptions(copy="on_write")),
+        ("sometimes", None, adp.ReceiveOptions(copy="on_write")),  # unknown: the default, with a warning
         ("0", None, adp.ReceiveOptions(copy=False)),
         ("false", None, adp.ReceiveOptions(copy=False)),
         (" OFF ", None, adp.ReceiveOptions(copy=False)),

@@ -51,6 +51,17 @@ def main() -> None:
             dp.meta_info["scored_on"] = ray.get_runtime_context().get_node_id()
             return dp
 
+        def write_in_place(self, dp):
+            """Copy-on-write on this node's own store: the mode, whether the tensor is a private
+            view of a file this process maps shared (the store), and the write seen here."""
+            from test_cow import is_private_view_of_the_store
+
+            from arrow_dataproto import receive_mode
+
+            private = is_private_view_of_the_store(dp.batch["input_ids"])
+            dp.batch["input_ids"].add_(1)
+            return receive_mode().mode, private, int(dp.batch["input_ids"][0, 0])
+
     store = 128 * 1024**2
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": store})
     cluster.add_node(num_cpus=1, object_store_memory=store, resources={"second_node": 1})
@@ -67,6 +78,12 @@ def main() -> None:
         assert torch.equal(result.batch.pop("row_sum"), sent.batch["input_ids"].sum(dim=1))
         assert_dataproto_equal(result, batch())
         assert_dataproto_equal(sent, batch())  # the driver's own data is untouched
+
+        ref = ray.put(batch())
+        first = int(batch().batch["input_ids"][0, 0])
+        assert ray.get(scorer.write_in_place.remote(ref)) == ("on_write", True, first + 1)
+        assert ray.get(scorer.write_in_place.remote(ref)) == ("on_write", True, first + 1)  # the object is intact
+        assert_dataproto_equal(ray.get(ref), batch())
         print(DONE)
     finally:
         ray.shutdown()

@@ -1,0 +1,457 @@
+"""Copy-on-write receive (the default): tensors received through Ray's shared memory
+are private mappings of the object store's pages. Reads are zero-copy, a write
+stays in the writing process, held tensors keep the object alive and unchanged,
+and every case where mapping is impossible falls back to a copy, with its reason.
+
+Scenarios that need their own Ray instance (an object larger than the store, an
+unprivileged user) run this file as a script in a child process.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import logging
+import mmap
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+
+import pyarrow as pa
+import pytest
+import torch
+from tensordict import TensorDict
+
+import arrow_dataproto as adp
+from arrow_dataproto import DataProto, _shm, receive_mode, receive_options, transport
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="copy-on-write mapping is Linux-only")
+MiB = 1024**2
+
+
+def mapping_of(address: int) -> tuple[str, int, int, str] | None:
+    """``(perms, device, inode, path)`` of the mapping of this process that holds ``address``."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if start <= address < end:
+                major, minor = (int(x, 16) for x in fields[3].split(":"))
+                path = fields[5].strip() if len(fields) > 5 else ""
+                return fields[1], os.makedev(major, minor), int(fields[4]), path
+    return None
+
+
+def is_private_view_of_the_store(t: torch.Tensor) -> bool:
+    """Whether ``t`` lies in a private mapping of a file that this process also maps shared (the store)."""
+    found = mapping_of(t.data_ptr())
+    if found is None or found[0][3] != "p" or not found[2]:
+        return False
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if fields[1][3] == "s" and int(fields[4]) == found[2]:
+                major, minor = (int(x, 16) for x in fields[3].split(":"))
+                if os.makedev(major, minor) == found[1]:
+                    return True
+    return False
+
+
+def batch(rows: int = 64, cols: int = 4096, seed: int = 0) -> DataProto:
+    """About 2 MiB of int64 plus a jagged column: stored in shared memory, not inlined."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 1000, (rows, cols), generator=g)
+    lengths = torch.randint(1, 100, (rows,), generator=g)
+    jagged = torch.nested.nested_tensor([torch.full((int(n),), float(i)) for i, n in enumerate(lengths)], layout=torch.jagged)
+    return DataProto(TensorDict({"input_ids": ids, "logp": jagged}, batch_size=[rows]))
+
+
+def write_everything(dp: DataProto) -> None:
+    dp.batch["input_ids"].add_(1)
+    dp.batch["logp"].values().add_(1)
+
+
+# ---------------------------------------------------------------- through Ray
+
+
+if __name__ != "__main__":
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install arrow-dataproto[ray])")
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
+
+    class _Reader:
+        def mode(self):
+            return tuple(receive_mode())
+
+        def private_view(self, dp):
+            return is_private_view_of_the_store(dp.batch["input_ids"]) and is_private_view_of_the_store(
+                dp.batch["logp"].values()
+            )
+
+        def write_and_read_back(self, dp):
+            before = dp.batch["input_ids"].clone()
+            write_everything(dp)
+            return torch.equal(dp.batch["input_ids"], before + 1)
+
+        def checksum(self, dp):
+            return int(dp.batch["input_ids"].sum()), float(dp.batch["logp"].values().sum())
+
+    Reader = ray.remote(num_cpus=0)(_Reader)
+
+    @pytest.fixture(scope="module")
+    def readers(ray_session):
+        group = [Reader.remote() for _ in range(2)]
+        yield group
+        for actor in group:
+            ray.kill(actor)
+
+
+def checksum(dp: DataProto) -> tuple[int, float]:
+    return int(dp.batch["input_ids"].sum()), float(dp.batch["logp"].values().sum())
+
+
+@LINUX
+def test_the_default_is_copy_on_write_everywhere(readers):
+    assert adp.get_receive_options().copy == "on_write"
+    assert receive_mode().mode == "on_write"
+    assert ray.get(readers[0].mode.remote())[0] == "on_write"
+    ref = ray.put(batch())
+    assert is_private_view_of_the_store(ray.get(ref).batch["input_ids"])  # driver: ray.get
+    assert ray.get(readers[0].private_view.remote(ref))  # actor: argument resolved by Ray
+    echoed = ray.get(ray.remote(num_cpus=0)(lambda d: d).remote(ref))  # task argument, then return value
+    assert is_private_view_of_the_store(echoed.batch["input_ids"])
+    with receive_options(copy=True):
+        assert not is_private_view_of_the_store(ray.get(ref).batch["input_ids"])
+
+
+@LINUX
+def test_a_write_in_one_receiver_reaches_no_other_reader(readers):
+    dp = batch()
+    expected = checksum(dp)
+    ref = ray.put(dp)
+    writer, reader = readers
+    assert ray.get(writer.write_and_read_back.remote(ref))  # the writer sees its own write
+    assert ray.get(reader.checksum.remote(ref)) == expected  # another actor does not
+    mine = ray.get(ref)
+    write_everything(mine)
+    assert checksum(mine) != expected
+    assert checksum(ray.get(ref)) == expected  # nor does the driver, nor the object
+    assert checksum(transport.get(ref, copy=False)) == expected
+    assert checksum(dp) == expected
+
+
+@LINUX
+def test_held_tensors_survive_the_ref_and_the_store_reusing_memory(ray_session):
+    dp = batch(seed=1)
+    expected = copy.deepcopy(dp)
+    held = ray.get(ray.put(dp))  # the ref is dropped at once
+    write_everything(held)
+    write_everything(expected)  # some pages private, others still the store's
+    held.batch["input_ids"][1:].sub_(1)
+    expected.batch["input_ids"][1:].sub_(1)
+    gc.collect()
+    for i in range(30):  # same-sized objects: the allocator would reuse freed space at once
+        other = batch(seed=100 + i)
+        other.batch["input_ids"].fill_(-i)
+        ray.get(ray.put(other))
+    assert torch.equal(held.batch["input_ids"], expected.batch["input_ids"])
+    assert torch.equal(held.batch["logp"].values(), expected.batch["logp"].values())
+
+
+def store_objects() -> int:
+    from ray._private.internal_api import memory_summary
+
+    text = memory_summary(address=ray.get_runtime_context().gcs_address, stats_only=True)
+    return int(text.split("Plasma memory usage")[1].split("MiB,")[1].split("objects")[0])
+
+
+def wait_for_objects(count: int, wait_s: float = 30) -> int:
+    deadline = time.monotonic() + wait_s
+    while (now := store_objects()) != count and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return now
+
+
+@LINUX
+def test_the_last_tensor_releases_the_object(ray_session):
+    baseline = wait_for_objects(0)
+    ref = ray.put(batch())
+    received = ray.get(ref)
+    logp = received.batch["logp"]
+    del ref
+    gc.collect()
+    assert wait_for_objects(baseline + 1, wait_s=2) == baseline + 1  # pinned by the tensors
+    del received
+    gc.collect()
+    assert wait_for_objects(baseline + 1, wait_s=2) == baseline + 1  # one tensor still holds it
+    del logp
+    gc.collect()
+    assert wait_for_objects(baseline) == baseline
+
+
+def test_small_objects_are_copied(ray_session):
+    """Ray inlines objects under ~100 KiB: no file behind them, so they are copied, not viewed."""
+    dp = batch(rows=4, cols=16)
+    ref = ray.put(dp)
+    got = ray.get(ref)
+    found = mapping_of(got.batch["input_ids"].data_ptr())
+    assert found is None or found[0][3] == "p"
+    write_everything(got)
+    assert checksum(ray.get(ref)) == checksum(dp)
+    assert receive_mode().mode == "on_write"  # a per-object fallback, not the process's
+
+
+def test_a_device_target_is_a_copy_without_mapping(ray_session, monkeypatch):
+    mapped = []
+    monkeypatch.setattr(_shm, "_map_group", lambda *a: mapped.append(a))
+    with receive_options(device="cuda:0"):
+        assert receive_mode() == ("copy", "tensors are decoded onto cuda:0: the transfer is the copy")
+    got = ray.get(ray.put(transport.receive_as(batch(), device="meta")))  # the one other device here
+    assert got.batch["input_ids"].device.type == "meta"
+    assert mapped == []
+
+
+def test_asked_modes_are_reported():
+    with receive_options(copy=True):
+        assert receive_mode().mode == "copy"
+    with receive_options(copy=False):
+        assert receive_mode().mode == "view"
+    with pytest.raises(ValueError, match="copy must be"):
+        adp.ReceiveOptions(copy="sometimes")
+
+
+# ---------------------------------------------------------------- the mapping itself, without Ray
+
+
+@pytest.fixture
+def shared_file():
+    """A buffer in a shared mapping of a named tmpfs file, and the file's name."""
+    fd, name = tempfile.mkstemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    try:
+        os.write(fd, bytes(range(256)) * (3 * mmap.PAGESIZE // 256 + 1))
+        shared = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED)
+        yield name, pa.py_buffer(shared).slice(100, 2 * mmap.PAGESIZE)
+    finally:
+        os.close(fd)
+        if os.path.exists(name):
+            os.unlink(name)
+
+
+@pytest.fixture
+def fresh_process_state(monkeypatch):
+    monkeypatch.setattr(_shm, "_process_reason", None)
+    monkeypatch.setattr(_shm, "_holders", {})
+
+
+@LINUX
+def test_a_named_shared_file_is_mapped_privately(shared_file, fresh_process_state):
+    _, buffer = shared_file
+    (view,) = _shm.private_views([buffer])
+    assert view.to_pybytes() == buffer.to_pybytes() and view.address != buffer.address
+    assert mapping_of(view.address)[0] == "rw-p"
+    t = torch.from_dlpack(pa.Array.from_buffers(pa.uint8(), view.size, [None, view]))  # as the codec views it
+    original = buffer.to_pybytes()
+    t.add_(1)  # the write stays here
+    assert buffer.to_pybytes() == original
+    assert t[0].item() == (original[0] + 1) % 256
+    assert _shm.unavailable_reason() is None
+    del t, view
+
+
+def assert_copied(buffer: pa.Buffer) -> None:
+    (out,) = _shm.private_views([buffer])
+    assert out.to_pybytes() == buffer.to_pybytes()
+    found = mapping_of(out.address)
+    assert found is None or found[0][3] == "p"
+    assert out.address % 64 == 0
+
+
+@LINUX
+def test_no_proc_falls_back_to_a_copy_and_says_so_once(shared_file, fresh_process_state, monkeypatch, caplog):
+    _, buffer = shared_file
+    monkeypatch.setattr(_shm, "PROC", "/nonexistent-proc")
+    with caplog.at_level(logging.WARNING, logger="arrow_dataproto"):
+        assert_copied(buffer)
+        assert_copied(buffer)
+    assert "/nonexistent-proc/self/maps is not readable" in _shm.unavailable_reason()
+    assert len([r for r in caplog.records if "copy-on-write" in r.getMessage()]) == 1
+    mode = receive_mode()
+    assert mode.mode == "copy" and "/nonexistent-proc" in mode.reason
+
+
+@LINUX
+def test_an_unreachable_descriptor_falls_back_to_a_copy(shared_file, fresh_process_state, monkeypatch):
+    name, buffer = shared_file
+    os.unlink(name)  # deleted: only this process holds it, and it looks in its parent and raylets
+    monkeypatch.setattr(_shm, "_raylets", lambda: [])
+    monkeypatch.setattr(os, "getppid", lambda: 1 << 30)  # a parent that does not exist
+    with open(name, "wb"):  # a new file of the same name must not be taken for it
+        pass
+    assert_copied(buffer)
+    assert "no process here holds an openable descriptor" in _shm.unavailable_reason()
+    assert receive_mode().mode == "copy"
+
+
+def test_another_os_falls_back_to_a_copy(shared_file, fresh_process_state, monkeypatch):
+    _, buffer = shared_file
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert_copied(buffer)
+    assert receive_mode() == ("copy", "copy-on-write is unavailable here: copy-on-write mapping needs Linux /proc (this is darwin)")
+
+
+def test_ordinary_memory_is_copied(fresh_process_state):
+    buffer = pa.py_buffer(bytearray(b"x" * 10_000))
+    assert_copied(buffer)
+    assert _shm.unavailable_reason() is None  # not a reason of the process
+
+
+# ---------------------------------------------------------------- in a child process with its own Ray
+
+
+def child_environment() -> dict[str, str]:
+    """This environment, with the checkout and this interpreter's packages importable from any interpreter."""
+    paths = [os.path.dirname(HERE), sysconfig.get_paths()["purelib"], os.environ.get("PYTHONPATH")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def run_child(scenario: str, user: tuple[int, int] | None = None, python: str = sys.executable, timeout: float = 300) -> str:
+    env = child_environment()
+    command = [python, os.path.abspath(__file__), scenario]
+    temp = tempfile.mkdtemp(prefix="adp-cow-")
+    env["HOME"] = env["TMPDIR"] = temp
+    if user is not None:
+        os.chmod(temp, 0o777)
+        command = [*_drop_to(user), *command]
+    try:
+        child = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=temp)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    assert child.returncode == 0, f"stdout:\n{child.stdout[-4000:]}\nstderr:\n{child.stderr[-8000:]}"
+    return child.stdout
+
+
+@LINUX
+def test_objects_beyond_the_store(ray_session):
+    """Ray's fallback allocation (an object larger than the store: a deleted file on disk,
+    also held by the raylet) and objects spilled to disk, then restored."""
+    out = run_child("beyond-the-store")
+    assert "fallback allocation: private view, exact, writes private" in out
+    assert "spilled and restored: private view, exact, writes private" in out
+
+
+def _drop_to(user: tuple[int, int]) -> list[str]:
+    """A command prefix running as ``(uid, gid)`` with no capabilities (util-linux ``setpriv``)."""
+    uid, gid = user
+    return ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--inh-caps=-all"]
+
+
+def _interpreter_for(user: tuple[int, int]) -> str:
+    """An interpreter that ``user`` can run, and start again from a child (as Ray does).
+
+    A venv's ``python`` links to its base interpreter, which may sit in a folder
+    only root can enter (``/root/.pyenv``): then the system interpreter of the
+    same version runs this interpreter's packages.
+    """
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    relaunch = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'import ray, arrow_dataproto'], check=True)"
+    errors = []
+    for python in dict.fromkeys([sys.executable, f"/usr/bin/python{version}"]):
+        probe = subprocess.run([*_drop_to(user), python, "-c", relaunch], env=child_environment(), capture_output=True, text=True, cwd="/")
+        if probe.returncode == 0:
+            return python
+        errors.append(f"{python}: {probe.stderr.strip().splitlines()[-1:] }")
+    raise AssertionError(f"no Python {version} interpreter that an unprivileged user can run: {errors}")
+
+
+@LINUX
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv to drop privileges (CI has both)")
+def test_an_unprivileged_user_gets_copy_on_write(ray_session):
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    user = (nobody.pw_uid, nobody.pw_gid)
+    python = _interpreter_for(user)
+    out = run_child("unprivileged", user=user, python=python)
+    assert "unprivileged: on_write in the driver and an actor, writes private" in out
+
+
+def _start_ray(store: int) -> None:
+    import ray
+
+    ray.init(
+        address="local",
+        num_cpus=1,
+        object_store_memory=store,
+        include_dashboard=False,
+        configure_logging=False,
+        _temp_dir=os.path.join(os.environ["TMPDIR"], "ray"),
+    )
+
+
+def _check_private_view(ref, expected) -> None:
+    import ray
+
+    got = ray.get(ref)
+    found = mapping_of(got.batch["input_ids"].data_ptr())
+    assert found is not None and found[0] == "rw-p" and found[2], found  # a private mapping of a file
+    assert checksum(got) == expected
+    got.batch["input_ids"][::7].add_(3)
+    assert checksum(ray.get(ref)) == expected
+    assert receive_mode().mode == "on_write"
+
+
+def child_beyond_the_store() -> None:
+    import ray
+
+    _start_ray(80 * MiB)
+    dp = batch(rows=160, cols=128 * 1024)  # 160 MiB: a fallback allocation
+    ref = ray.put(dp)
+    _check_private_view(ref, checksum(dp))
+    print("fallback allocation: private view, exact, writes private")
+    del ref, dp
+
+    batches = [batch(rows=30, cols=128 * 1024, seed=s) for s in range(4)]  # 30 MiB each: the first ones spill
+    refs = [ray.put(b) for b in batches]
+    from ray._private.internal_api import memory_summary
+
+    summary = memory_summary(address=ray.get_runtime_context().gcs_address, stats_only=True)
+    assert "Spilled" in summary, summary  # the first objects went to disk; getting one restores it
+    _check_private_view(refs[0], checksum(batches[0]))
+    print("spilled and restored: private view, exact, writes private")
+    ray.shutdown()
+
+
+def child_unprivileged() -> None:
+    import ray
+
+    assert os.geteuid() != 0
+    _start_ray(100 * MiB)
+    reader = ray.remote(num_cpus=0)(_ChildReader).remote()
+    dp = batch()
+    expected = checksum(dp)
+    ref = ray.put(dp)
+    got = ray.get(ref)
+    assert is_private_view_of_the_store(got.batch["input_ids"]), mapping_of(got.batch["input_ids"].data_ptr())
+    write_everything(got)
+    assert ray.get(reader.write.remote(ref)) == ("on_write", True)
+    assert checksum(ray.get(ref)) == expected
+    assert receive_mode().mode == "on_write"
+    print("unprivileged: on_write in the driver and an actor, writes private")
+    ray.shutdown()
+
+
+class _ChildReader:
+    def write(self, dp):
+        private = is_private_view_of_the_store(dp.batch["input_ids"])
+        write_everything(dp)
+        return receive_mode().mode, private
+
+
+if __name__ == "__main__":
+    {"beyond-the-store": child_beyond_the_store, "unprivileged": child_unprivileged}[sys.argv[1]]()
