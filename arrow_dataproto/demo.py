@@ -86,7 +86,7 @@ def _ray_round_trip(data: DataProto, tensor_bytes: int, repeats: int) -> None:
     class Learner:
         def update(self, batch: DataProto) -> DataProto:
             assert batch.batch is not None
-            batch.batch["advantages"].mul_(2)  # the default receive mode copies: safe to write
+            batch.batch["advantages"].mul_(2)  # copy-on-write by default: safe to write, the store keeps its bytes
             return batch.select(batch_keys=["advantages"], non_tensor_batch_keys=["uid"])
 
     store = max(256 * 1024**2, 4 * tensor_bytes)  # room for a few copies of the batch
@@ -100,6 +100,9 @@ def _ray_round_trip(data: DataProto, tensor_bytes: int, repeats: int) -> None:
         ref = _timed("ray.put (one copy into the object store)", repeats, lambda: ray.put(data))
         result = _timed("actor.update(ref), ray.get of its result", repeats,
                         lambda: ray.get(learner.update.remote(ref)))
+        _timed("ray.get(ref) default (copy-on-write views)", repeats, lambda: ray.get(ref))
+        with receive_options(copy=True):
+            _timed("ray.get(ref) with copy=True (private copies)", repeats, lambda: ray.get(ref))
         with receive_options(copy=False):
             _timed("ray.get(ref) zero-copy (read-only views)", repeats, lambda: ray.get(ref))
         ok = torch.equal(result.batch["advantages"], data.batch["advantages"] * 2)  # type: ignore[index]
@@ -148,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     payload = _timed("pickle.dumps with out-of-band buffers", repeats, dumps)
     oob = sum(b.raw().nbytes for b in buffers)
     _note("", f"in-band {len(payload) / 1024:.1f} KiB, out-of-band {oob / 2**20:.1f} MiB in {len(buffers)} buffers")
-    unpickled = _timed("pickle.loads (default policy: one copy)", repeats, lambda: pickle.loads(payload, buffers=buffers))
+    unpickled = _timed("pickle.loads (default receive options)", repeats, lambda: pickle.loads(payload, buffers=buffers))
     _check("pickle round trip", data, unpickled)
 
     print("\nArrow file on disk:")
