@@ -107,7 +107,8 @@ def _value_stats(reader: FileReader, info: ColumnInfo) -> dict | None:
             assert data.batch is not None  # a tensor column was read
             column = data.batch[tuple(info.name.split("."))]
             if column.is_nested:
-                column = torch.cat([row.reshape(-1) for row in column.unbind()]) if len(column) else column.values()
+                rows = column.unbind()
+                column = torch.cat([row.reshape(-1) for row in rows]) if rows else torch.empty(0)
             if column.is_complex():
                 return None
             values = column.reshape(-1).to(torch.float64).numpy()

@@ -485,3 +485,23 @@ def test_allow_pickle_hint_is_printed_once(tmp_path, capsys):
         pickle.dump(sample_dataproto(rows=2), f)
     status, _, err = call(capsys, "convert", tmp_path / "ours.pkl", tmp_path / "a.arrow")
     assert status == 1 and err.count("--allow-pickle") == 1
+
+
+def test_inspect_and_head_read_every_column_kind(capsys, monkeypatch):
+    """The golden file holding every kind (strided, complex, fp16, bool, N-D numpy, pickles...)."""
+    golden = ROOT / "tests" / "data" / "golden-v1.0-kinds.arrow"
+    status, out, _ = call(capsys, "inspect", golden, "--stats", "--json")
+    assert status == 0
+    info = json.loads(out)
+    with open_file(golden) as reader:
+        assert [c["name"] for c in info["columns"]] == reader.columns
+        strided = [c.name for c in reader.column_info() if c.kind == "strided"]
+        data = reader.read_all(strided, meta_info=False)
+    columns = {c["name"]: c for c in info["columns"]}
+    for name in strided:
+        rows = data.batch[name].unbind()
+        assert columns[name]["row_lengths"]["max"] == max(r.numel() for r in rows)
+        assert columns[name]["stats"]["max"] == max(r.double().max().item() for r in rows)
+    monkeypatch.setenv("COLUMNS", "400")
+    status, out, _ = call(capsys, "head", golden, "-n", "2")
+    assert status == 0 and len(out.splitlines()) == 3
