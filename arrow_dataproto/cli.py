@@ -250,7 +250,7 @@ def _print_description(info: dict, most_batches: int = 8) -> None:
             text = "pickled, not shown" if m is None else ", ".join(f"{k}={_brief(v)}" for k, v in m.items()) or "{}"
             print(_clip(f"    batch {i} ({rows[i]} rows): {text}", width))
             if i == most_batches - 3 and len(batches) > most_batches:
-                print(f"    ... {len(batches) - most_batches + 1} more (--json shows every batch)")
+                print(f"    ... {len(batches) - most_batches} more (--json shows every batch)")
 
 
 def _inspect(args: argparse.Namespace) -> int:

@@ -505,3 +505,17 @@ def test_inspect_and_head_read_every_column_kind(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "400")
     status, out, _ = call(capsys, "head", golden, "-n", "2")
     assert status == 0 and len(out.splitlines()) == 3
+
+
+def test_inspect_shortens_meta_info_of_many_batches(tmp_path, capsys):
+    batches = []
+    for step in range(20):
+        dp = sample_dataproto(rows=2)
+        dp.meta_info["global_steps"] = step
+        batches.append(dp)
+    write_file(tmp_path / "f.arrow", batches)
+    status, out, _ = call(capsys, "inspect", tmp_path / "f.arrow")
+    lines = out.splitlines()
+    start = lines.index("  meta_info per batch:")
+    assert status == 0 and len(lines) - start - 1 == 9
+    assert "    ... 12 more (--json shows every batch)" in lines and "global_steps=19" in lines[-1]
