@@ -128,13 +128,13 @@ def _value_stats(reader: FileReader, info: ColumnInfo) -> dict | None:
     return {"min": low, "mean": total / count, "max": high, "nan": nans}
 
 
-def _meta_info_of(metadata: dict[str, str]) -> dict | None:
-    """A batch's meta_info if stored as JSON; None if pickled (never unpickled here)."""
+def _meta_info_of(metadata: dict[str, str]) -> tuple[str | None, dict | None]:
+    """How a batch's meta_info is stored (``"json"``, ``"pickle"`` or None) and its value,
+    None when pickled: nothing is unpickled here."""
     from .objects import META_INFO_ENCODING, decode_meta_info
 
-    if metadata.get(META_INFO_ENCODING) == "pickle":
-        return None
-    return decode_meta_info(metadata, allow_pickle=False)
+    encoding = metadata.get(META_INFO_ENCODING)
+    return encoding, None if encoding == "pickle" else decode_meta_info(metadata, allow_pickle=False)
 
 
 def describe(path: str | os.PathLike, *, stats: bool = False) -> dict:
@@ -175,12 +175,11 @@ def describe(path: str | os.PathLike, *, stats: bool = False) -> dict:
             "batches": len(layout),
             "batch_rows": [b.rows for b in layout],
         }
-    encodings = [b.metadata.get("adp.meta_info.encoding") for b in layout]
-    per_batch = [_meta_info_of(b.metadata) for b in layout]
+    encodings, per_batch = zip(*[_meta_info_of(b.metadata) for b in layout]) if layout else ((), ())
     info["meta_info"] = {
         "encoding": encodings[0] if encodings else None,
         "keys": list(per_batch[0]) if per_batch and per_batch[0] is not None else None,
-        "batches": per_batch,
+        "batches": list(per_batch),
     }
     info["columns"] = columns
     return info
