@@ -32,7 +32,9 @@ import ctypes.util
 import logging
 import mmap
 import os
+import queue
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -189,8 +191,44 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 _MADV_POPULATE_READ = 22  # Linux 5.14+: fill the page tables with the file's pages, copying nothing
 
 
+class _Releaser:
+    """Unmaps collected mappings on a background thread, then lets go of their sources.
+
+    Tearing down the page tables of a large mapping takes milliseconds per GiB;
+    doing it here keeps it off the path of the code that dropped the last tensor.
+    The order is what makes it safe: the mapping goes first, the buffers that pin
+    the Ray object after it. Started on first use, and again in a forked child.
+    """
+
+    def __init__(self) -> None:
+        self.pid: int | None = None  # the process whose thread serves ``queue``
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+
+    def release(self, address: int, length: int, sources: list) -> None:
+        if self.pid != os.getpid():
+            work: queue.SimpleQueue = queue.SimpleQueue()
+            try:
+                threading.Thread(target=self._run, args=(work,), name="adp-unmap", daemon=True).start()
+            except RuntimeError:  # the interpreter is shutting down: no new threads
+                _LIBC.munmap(address, length)
+                return
+            self.pid, self.queue = os.getpid(), work
+        self.queue.put((address, length, sources))
+
+    @staticmethod
+    def _run(work: queue.SimpleQueue) -> None:
+        munmap = _LIBC.munmap
+        while True:
+            address, length, sources = work.get()
+            munmap(address, length)
+            del sources
+
+
+_releaser = _Releaser()
+
+
 class _PrivateMapping:
-    """Owns one ``MAP_PRIVATE`` mapping and the buffers it mirrors; unmaps when collected.
+    """Owns one ``MAP_PRIVATE`` mapping and the buffers it mirrors; released when collected.
 
     Mapped with ``libc.mmap`` rather than :class:`mmap.mmap`, which would keep a
     duplicate descriptor open per mapping. The page tables are filled up front
@@ -210,8 +248,8 @@ class _PrivateMapping:
         _LIBC.madvise(address, length, _MADV_POPULATE_READ)
         self.sources = sources  # keeps the object (pinned by these buffers) alive as long as the mapping
 
-    def __del__(self) -> None:
-        _LIBC.munmap(self.address, self.length)
+    def __del__(self, release=_releaser.release) -> None:  # bound early: usable during interpreter exit
+        release(self.address, self.length, self.sources)
 
 
 def _map_group(region: _Region, buffers: list[pa.Buffer]) -> list[pa.Buffer]:
