@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if not args.no_rivals:
         print("\nAgainst verl's pickling, side by side (benchmarks/bench_codec.py; encode = sender, decode = receiver):")
-        _against_rivals(data, repeats)
+        _against_rivals(data, min(repeats, 3))  # verl's default mode takes seconds per run at full size
     if not args.no_ray:
         print("\nRay: driver -> actor -> driver:")
         _ray_round_trip(data, tensor_bytes, repeats)
