@@ -2,7 +2,8 @@
 
 Public API::
 
-    DataProto, DataProtoItem                   the batch container (verl-compatible)
+    DataProto, DataProtoItem, DataProtoConfig  the batch container (verl-compatible; verl's
+                                               module-level helpers: arrow_dataproto.verl_api)
     to_arrow, from_arrow, to_ipc, from_ipc     the codec
     receive_options, set_receive_options       what an unpickled DataProto copies and where it goes
     receive_mode                               the receive mode in force here (copy-on-write by default), and why
@@ -21,12 +22,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
+    ArgumentTypeError,
+    BatchError,
     ColumnNotFoundError,
     DataProtoError,
     DecodeError,
     EncodeError,
     FormatVersionError,
+    KeyNotFoundError,
     PickleNotAllowedError,
+    RowIndexError,
     SchemaMismatchError,
 )
 
@@ -38,7 +43,7 @@ _LAZY = {
     "pickling": (
         "ReceiveMode", "ReceiveOptions", "get_receive_options", "receive_mode", "receive_options", "set_receive_options"
     ),
-    "protocol": ("DataProto", "DataProtoItem"),
+    "protocol": ("DataProto", "DataProtoConfig", "DataProtoItem"),
     "pandas": ("to_pandas", "from_pandas"),  # optional dependency; not in __all__
 }
 _MODULE_OF = {name: module for module, names in _LAZY.items() for name in names}
@@ -55,7 +60,7 @@ if TYPE_CHECKING:
         receive_options,
         set_receive_options,
     )
-    from .protocol import DataProto, DataProtoItem
+    from .protocol import DataProto, DataProtoConfig, DataProtoItem
 
 
 def __getattr__(name: str) -> Any:
@@ -74,6 +79,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "DataProto",
     "DataProtoItem",
+    "DataProtoConfig",
     "to_arrow",
     "from_arrow",
     "to_ipc",
@@ -91,11 +97,15 @@ __all__ = [
     "read_file",
     "open_dataset",
     "recover_file",
+    "ArgumentTypeError",
+    "BatchError",
     "ColumnNotFoundError",
     "DataProtoError",
     "DecodeError",
     "EncodeError",
     "FormatVersionError",
+    "KeyNotFoundError",
     "PickleNotAllowedError",
+    "RowIndexError",
     "SchemaMismatchError",
 ]

@@ -411,5 +411,5 @@ def from_ipc(
     if not batches:
         raise DecodeError("the IPC stream holds no record batch")
     parts = [from_arrow(b, device=device, copy=copy, allow_pickle=allow_pickle) for b in batches]
-    return parts[0] if len(parts) == 1 else DataProto.concat(parts)
+    return parts[0] if len(parts) == 1 else DataProto.concat(parts, meta_info="update")
 

@@ -41,6 +41,32 @@ class ColumnNotFoundError(DataProtoError, KeyError):
     """A column asked for by name is not in the file or batch."""
 
 
+# The container's errors. verl's DataProto checks most of its preconditions with
+# ``assert``, so code written against it catches AssertionError; each of these also
+# derives from the built-in a Python user would expect.
+
+
+class BatchError(DataProtoError, AssertionError, ValueError):
+    """A DataProto operation's precondition does not hold.
+
+    Rows that differ between columns, chunks that cannot be equal, a mini-batch size
+    that does not divide the rows, values that differ between two DataProtos being
+    merged (``union``, ``concat``'s ``meta_info``), a batch of the wrong rank.
+    """
+
+
+class KeyNotFoundError(ColumnNotFoundError, AssertionError):
+    """A key named in ``pop``/``select``/``rename`` is not in the DataProto."""
+
+
+class RowIndexError(DataProtoError, IndexError):
+    """A row index or mask does not fit the DataProto's rows."""
+
+
+class ArgumentTypeError(DataProtoError, TypeError, ValueError):
+    """An argument has a type the operation does not take (verl raises TypeError or ValueError here)."""
+
+
 def column_error(cls: type[DataProtoError], column: str, message: str) -> DataProtoError:
     """Build ``cls`` with a message that names the column it concerns."""
     return cls(f"column {column!r}: {message}")

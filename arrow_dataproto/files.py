@@ -606,7 +606,7 @@ class _Reader:
                     batch = batch.slice(a, b - a)
                 parts.append(self._decode(batch, metadata, keep, resized, meta_info))
                 bar.update()
-        return parts[0] if len(parts) == 1 else DataProto.concat(parts)
+        return parts[0] if len(parts) == 1 else DataProto.concat(parts, meta_info="update")
 
     def iter_batches(self, columns: Iterable[str] | None = None, *, meta_info: bool = True) -> Iterator[DataProto]:
         """Each batch in order, as :meth:`read_batch` returns it."""

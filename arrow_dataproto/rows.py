@@ -91,11 +91,11 @@ def map_rows(td: TensorDict, fn, rows: int | None) -> TensorDict:
 
 
 def cat_rows(tds: list[TensorDict]) -> TensorDict:
-    """Concatenate TensorDicts with the same keys along the batch dimension."""
+    """Concatenate TensorDicts with the same keys (in any order; the first's order is kept) along the batch dimension."""
     first = tds[0]
     keys = list(first.keys())
     for other in tds[1:]:
-        if list(other.keys()) != keys:
+        if set(other.keys()) != set(keys):
             raise ValueError(f"cannot concatenate batches with keys {keys} and {list(other.keys())}")
     content = {
         k: cat_rows([td[k] for td in tds]) if is_tensor_collection(first[k]) else cat([td[k] for td in tds])

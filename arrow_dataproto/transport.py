@@ -89,8 +89,8 @@ class Parcel:
         self.device = None if device is None else str(device)
 
     def chunk(self, chunks: int) -> list["Parcel"]:
-        """The data's :meth:`DataProto.chunk` pieces, each with these options."""
-        return [Parcel(piece, copy=self.copy, device=self.device) for piece in self.data.chunk(chunks)]
+        """The data's pieces (a DataProto's :meth:`~DataProto.array_split`), each with these options."""
+        return [Parcel(piece, copy=self.copy, device=self.device) for piece in _split(self.data, chunks)]
 
     def __reduce_ex__(self, protocol: int):
         from .codec import to_arrow
@@ -182,9 +182,15 @@ def receiving(*, copy: Copy | None = None, device: str | None = None) -> Callabl
 # ---------------------------------------------------------------- dispatch and collect
 
 
+def _split(data: Any, chunks: int) -> list:
+    """Balanced pieces of a DataProto (its verl-style ``chunk`` needs equal ones); ``chunk`` of anything else."""
+    return data.array_split(chunks) if isinstance(data, DataProto) else data.chunk(chunks)
+
+
 def scatter(actors: Sequence[Any], method: str, data: Any, *args: Any, **kwargs: Any) -> list:
     """Call ``actor.<method>.remote(piece, *args, **kwargs)`` on each actor, with
-    ``data.chunk(len(actors))`` as pieces, in order; return the ``ObjectRef`` s.
+    ``data.array_split(len(actors))`` as pieces (``chunk`` for other types), in order;
+    return the ``ObjectRef`` s.
 
     ``data`` is a DataProto or a :class:`Parcel` (each piece keeps its receive
     options). Each piece views its rows of ``data``, so each actor is sent only
@@ -195,7 +201,7 @@ def scatter(actors: Sequence[Any], method: str, data: Any, *args: Any, **kwargs:
     """
     if not actors:
         raise ValueError("scatter needs at least one actor")
-    pieces = data.chunk(len(actors))
+    pieces = _split(data, len(actors))
     if len(pieces) != len(actors):
         raise ValueError(f"{type(data).__name__}.chunk({len(actors)}) gave {len(pieces)} pieces, one per actor needed")
     return [getattr(actor, method).remote(piece, *args, **kwargs) for actor, piece in zip(actors, pieces)]

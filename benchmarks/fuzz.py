@@ -179,7 +179,7 @@ def _encode_file(dp: adp.DataProto, compression: str | None) -> bytes:
     """An Arrow file of the seed in two batches (one if it has a single row)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "seed.arrow")
-        adp_files.write_file(path, dp.chunk(min(2, len(dp))), compression=compression)
+        adp_files.write_file(path, dp.array_split(min(2, len(dp))), compression=compression)
         return Path(path).read_bytes()
 
 

@@ -271,7 +271,7 @@ def test_recover(tmp_path, capsys):
     assert status == 1 and "recover" in err
     status, out, _ = call(capsys, "recover", tmp_path / "left.partial", tmp_path / "fixed.arrow")
     assert status == 0 and "recovered 2 complete batches (6 rows)" in out
-    assert_dataproto_equal(read_file(tmp_path / "fixed.arrow"), DataProto.concat(batches))
+    assert_dataproto_equal(read_file(tmp_path / "fixed.arrow"), DataProto.concat(batches, meta_info="update"))
 
 
 def test_errors_are_one_line(tmp_path, capsys):

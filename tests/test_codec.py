@@ -413,7 +413,7 @@ def test_empty_pieces_of_nested_columns():
     """More chunks than rows: the empty pieces hold 0-row jagged and strided tensors."""
     dp = sample_dataproto(rows=3)
     dp.batch["strided"] = torch.nested.nested_tensor([torch.randn(2, 1), torch.randn(1, 3), torch.randn(2, 2)])
-    pieces = dp.chunk(5)
+    pieces = dp.array_split(5)
     assert [len(p) for p in pieces] == [1, 1, 1, 0, 0]
     for piece in pieces:
         assert_dataproto_equal(piece, ipc_round_trip(piece))

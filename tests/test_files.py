@@ -87,10 +87,10 @@ def test_batches_read_back_exactly(tmp_path):
         assert_dataproto_equal(reader.read_batch(-1), batches[-1])
         for read, original in zip(reader, batches):
             assert_dataproto_equal(read, original)
-        assert_dataproto_equal(reader.read_all(), DataProto.concat(batches))
+        assert_dataproto_equal(reader.read_all(), DataProto.concat(batches, meta_info="update"))
         with pytest.raises(IndexError):
             reader.read_batch(3)
-    assert_dataproto_equal(read_file(tmp_path / "f.arrow"), DataProto.concat(batches))
+    assert_dataproto_equal(read_file(tmp_path / "f.arrow"), DataProto.concat(batches, meta_info="update"))
 
 
 def test_single_dataproto_and_generators_and_writer(tmp_path):
@@ -107,7 +107,7 @@ def test_single_dataproto_and_generators_and_writer(tmp_path):
             writer.write(b)
         assert (writer.num_batches, writer.num_rows) == (3, 15)
         assert not (tmp_path / "w.arrow").exists()  # only the partial file until close
-    assert_dataproto_equal(read_file(tmp_path / "w.arrow"), DataProto.concat(batches))
+    assert_dataproto_equal(read_file(tmp_path / "w.arrow"), DataProto.concat(batches, meta_info="update"))
     assert list(tmp_path.glob("*.partial")) == []
 
 
@@ -118,7 +118,7 @@ def test_a_bare_tensordict_and_a_batch_without_tensors(tmp_path):
 
     only_objects = DataProto(non_tensor_batch={"s": np.array(["a", "b"], dtype=object)}, meta_info={"k": 1})
     write_file(tmp_path / "obj.arrow", [only_objects, only_objects])
-    assert_dataproto_equal(read_file(tmp_path / "obj.arrow"), DataProto.concat([only_objects] * 2))
+    assert_dataproto_equal(read_file(tmp_path / "obj.arrow"), DataProto.concat([only_objects] * 2, meta_info="update"))
 
 
 @pytest.mark.parametrize(
@@ -128,7 +128,7 @@ def test_a_bare_tensordict_and_a_batch_without_tensors(tmp_path):
 def test_row_ranges_across_batches(tmp_path, start, stop):
     batches = _batches()
     write_file(tmp_path / "f.arrow", batches)
-    expected = DataProto.concat(batches)[start:stop]
+    expected = DataProto.concat(batches, meta_info="update")[start:stop]
     got = open_file(tmp_path / "f.arrow").read_rows(start, stop)
     assert len(got) == len(expected)
     assert_dataproto_equal(got.select(meta_info_keys=[]), expected.select(meta_info_keys=[]))
@@ -151,7 +151,7 @@ def test_an_empty_batch_in_the_middle(tmp_path):
     assert reader.batch_rows == [3, 0, 2]
     assert len(reader.read_batch(1)) == 0
     assert_dataproto_equal(reader.read_rows(2, 4).select(meta_info_keys=[]),
-                           DataProto.concat([batches[0][2:], batches[2][:1]]).select(meta_info_keys=[]))
+                           DataProto.concat([batches[0][2:], batches[2][:1]], meta_info="update").select(meta_info_keys=[]))
 
 
 def test_column_projection(tmp_path):
@@ -191,7 +191,7 @@ def test_compression(tmp_path, compression):
     reader = open_file(tmp_path / "packed.arrow")
     assert reader.compression == compression
     assert reader.batch_rows == [64, 64]
-    assert_dataproto_equal(reader.read_all(), DataProto.concat(batches))
+    assert_dataproto_equal(reader.read_all(), DataProto.concat(batches, meta_info="update"))
     assert_dataproto_equal(reader.read_batch(1, ["uid", "old_log_probs"]),
                            batches[1].select(batch_keys=["old_log_probs"], non_tensor_batch_keys=["uid"]))
     plain_bytes = open_file(tmp_path / "plain.arrow").column_nbytes()
@@ -521,9 +521,9 @@ def test_open_dataset_reads_files_as_one(tmp_path):
             assert (dataset.num_batches, dataset.batch_rows) == (3, [2, 3, 4])
             assert dataset.read_meta_info(2)["step"] == 2 and dataset.meta_info_encoding(1) == "json"
             assert_dataproto_equal(dataset.read_batch(2), batches[2])
-            assert_dataproto_equal(dataset.read_all(), DataProto.concat(batches))
+            assert_dataproto_equal(dataset.read_all(), DataProto.concat(batches, meta_info="update"))
             assert_dataproto_equal(dataset.read_rows(4, 7, ["uid"]).select(meta_info_keys=[]),
-                                   DataProto.concat(batches)[4:7].select(batch_keys=[], non_tensor_batch_keys=["uid"], meta_info_keys=[]))
+                                   DataProto.concat(batches, meta_info="update")[4:7].select(batch_keys=[], non_tensor_batch_keys=["uid"], meta_info_keys=[]))
 
 
 def test_open_dataset_refuses_files_with_other_columns(tmp_path):
@@ -542,7 +542,7 @@ def test_pyarrow_dataset_reads_our_files(tmp_path):
     write_file(tmp_path / "a.arrow", batches[0])
     write_file(tmp_path / "b.arrow", batches[1])
     table = open_dataset(tmp_path).arrow_dataset().to_table(columns=["uid", "input_ids"])
-    expected = DataProto.concat(batches)
+    expected = DataProto.concat(batches, meta_info="update")
     assert table.column("uid").to_pylist() == list(expected.non_tensor_batch["uid"])
     ids = table.column("input_ids").combine_chunks().to_numpy_ndarray()
     assert np.array_equal(ids, expected.batch["input_ids"].numpy())

@@ -75,7 +75,7 @@ def test_round_trip_every_protocol(dp):
 
 def test_sample_batch_and_its_pieces_round_trip():
     dp = sample_dataproto(rows=9)
-    pieces = [dp, *dp.chunk(4), dp[[5, 1, 1]], dp[::-2], dp[3]]
+    pieces = [dp, *dp.array_split(4), dp[[5, 1, 1]], dp[::-2], dp[3]]
     for piece in pieces[:-1]:
         data, buffers = dumps5(piece)
         assert_dataproto_equal(piece, pickle.loads(data, buffers=buffers))

@@ -79,7 +79,7 @@ def test_from_dict():
     assert dp.non_tensor_batch["s"].dtype == object and dp.non_tensor_batch["s"].tolist() == ["w", "x", "y", "z"]
     assert dp.non_tensor_batch["n"].dtype == np.arange(4).dtype
     assert dp.meta_info == {"step": 2} and len(dp) == 4
-    two = DataProto.from_dict({"a": torch.zeros(4, 3, 2)}, num_batch_dims=2)
+    two = DataProto(TensorDict({"a": torch.zeros(4, 3, 2)}, batch_size=[4, 3]))  # from_dict refuses, as verl
     assert two.batch.batch_size == (4, 3) and len(two) == 4
     only = DataProto.from_dict(non_tensors={"s": ["a", "b"]})
     assert only.batch is None and len(only) == 2
@@ -318,9 +318,9 @@ def test_union_conflicts_raise(conflict):
 
 
 @pytest.mark.parametrize("rows, chunks", [(7, 1), (7, 2), (7, 3), (7, 7), (8, 4), (3, 5), (0, 2)])
-def test_chunk_gives_exactly_n_balanced_pieces(rows, chunks):
+def test_array_split_gives_exactly_n_balanced_pieces(rows, chunks):
     dp = rich(rows) if rows else rich(4)[0:0]
-    pieces = dp.chunk(chunks)
+    pieces = dp.array_split(chunks)
     assert len(pieces) == chunks
     sizes = [len(p) for p in pieces]
     assert sum(sizes) == rows and max(sizes) - min(sizes) <= 1
@@ -350,7 +350,7 @@ def test_split(size):
 def test_concat_of_chunks_is_the_original():
     dp = rich(7)
     for chunks in (1, 2, 3, 9):
-        assert_dataproto_equal(dp, DataProto.concat(dp.chunk(chunks)))
+        assert_dataproto_equal(dp, DataProto.concat(dp.array_split(chunks)))
 
 
 def test_concat_of_arbitrary_pieces():
@@ -364,7 +364,7 @@ def test_concat_merges_meta_info_later_pieces_win():
     a, b = rich(2), rich(3, seed=1)
     a.meta_info = {"x": 1, "y": 2}
     b.meta_info = {"y": 3, "z": 4}
-    assert DataProto.concat([a, b]).meta_info == {"x": 1, "y": 3, "z": 4}
+    assert DataProto.concat([a, b], meta_info="update").meta_info == {"x": 1, "y": 3, "z": 4}
 
 
 def test_concat_with_a_two_dimensional_batch():
@@ -461,8 +461,8 @@ def test_operations_without_a_batch():
     assert_rows(dp[[4, 0]], dp, [4, 0])
     assert dp[2].batch is None and dp[2].non_tensor_batch["uid"] == "c"
     assert_rows(dp.repeat(2, interleave=False), dp, [0, 1, 2, 3, 4] * 2)
-    assert [len(p) for p in dp.chunk(2)] == [3, 2]
-    assert_dataproto_equal(dp, DataProto.concat(dp.chunk(3)))
+    assert [len(p) for p in dp.array_split(2)] == [3, 2]
+    assert_dataproto_equal(dp, DataProto.concat(dp.array_split(3)))
 
 
 def test_read_only_numpy_index_selects_rows_without_warnings():
