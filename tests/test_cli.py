@@ -477,7 +477,7 @@ def test_convert_keeps_the_source_compression(tmp_path, capsys):
     assert open_file(tmp_path / "same.arrow").compression == "zstd"
     status, out, _ = call(capsys, "convert", path, tmp_path / "plain.arrow", "--compression", "none")
     assert status == 0 and "15 rows in 3 batches, compression none" in out
-    assert_dataproto_equal(read_file(tmp_path / "plain.arrow"), DataProto.concat(batches))
+    assert_dataproto_equal(read_file(tmp_path / "plain.arrow"), DataProto.concat(batches, meta_info="update"))
 
 
 def test_allow_pickle_hint_is_printed_once(tmp_path, capsys):
