@@ -4,6 +4,7 @@ One measurement: the driver encodes the batch and ``ray.put`` s it ("send"),
 then calls ``actor.receive.remote(ref)``; Ray hands the actor the unpickled
 argument, the actor finishes decoding it into a TensorDict, runs a workload on
 it and returns ("total" = send + call + receive + workload). Workloads:
+``touch`` reads the last element of every tensor (the receive alone);
 ``read`` reads every byte of every tensor (a sum); ``write1/8`` adds 1 in place
 to the first eighth of the rows; ``write`` adds 1 to every element in place.
 Every path runs ``read``; the write workloads run on our three receive modes
@@ -88,7 +89,7 @@ FLOOR, FLOOR_CLONE = "numpy_floor", "numpy_floor+clone"
 OURS_COW, OURS_COPY, OURS_ZERO = "ours_default_cow", "ours_copy", "ours_zero_copy"
 OURS = {OURS_COW: "on_write", OURS_COPY: True, OURS_ZERO: False}
 VERL_NUMPY, VERL_DEFAULT = "verl_numpy_like", "verl_default_like"
-READ, WRITE_EIGHTH, WRITE = "read", "write1/8", "write"
+TOUCH, READ, WRITE_EIGHTH, WRITE = "touch", "read", "write1/8", "write"
 FAN_OUT = 4
 
 
@@ -222,7 +223,12 @@ def write(td: TensorDict, fraction: int) -> None:
         t.logical_not_() if t.dtype == torch.bool else t.add_(1)
 
 
-WORKLOADS = {READ: read_all, WRITE_EIGHTH: lambda td: write(td, 8), WRITE: lambda td: write(td, 1)}
+def touch(td: TensorDict) -> float:
+    """Read the last element of every tensor: the receive alone, tensors in hand."""
+    return sum(float(t[-1:].sum()) for t in _leaf_rows(td))
+
+
+WORKLOADS = {TOUCH: touch, READ: read_all, WRITE_EIGHTH: lambda td: write(td, 8), WRITE: lambda td: write(td, 1)}
 
 
 @ray.remote(num_cpus=1)
@@ -304,8 +310,10 @@ def run_once(actor, path, data, workload: str = READ) -> dict:
 
 
 def plan(paths) -> list[tuple]:
-    """``(path, workload)`` pairs: every path reads; our receive modes also write."""
-    return [(p, READ) for p in paths] + [(p, w) for w in (WRITE_EIGHTH, WRITE) for p in paths if p.name in OURS]
+    """``(path, workload)`` pairs: every path reads; our receive modes also write; ours,
+    the floor and verl's modes also only receive (``touch``)."""
+    receive_only = [(p, TOUCH) for p in paths if p.name in (FLOOR, OURS_COW, VERL_NUMPY, VERL_DEFAULT)]
+    return receive_only + [(p, READ) for p in paths] + [(p, w) for w in (WRITE_EIGHTH, WRITE) for p in paths if p.name in OURS]
 
 
 def measure(actor, paths, builders, repeats: int, log) -> list[dict]:
@@ -438,21 +446,24 @@ def table(rows) -> str:
                 f"| {r['total'] / floor['total']:.2f} | {verl_np['total'] / r['total']:.1f} "
                 f"| {verl_def['total'] / r['total']:.1f} | {r['peak'] / 2**20:,.0f} ({r['peak'] / size:.2f}) |"
             )
-        for workload in (WRITE_EIGHTH, WRITE):
+        for workload in (TOUCH, WRITE_EIGHTH, WRITE):
             cells = [r for r in rows if r["batch"] == batch and r.get("workload") == workload]
             if not cells:
                 continue
-            copy_then_write = _by(rows, batch, OURS_COPY, workload) or nan
-            out += [
-                f"\nWorkload `{workload}` (in place, in the actor):\n",
-                "| path | total s | best s | × copy-then-write (ours_copy) | × floor's read |",
-                "|---|---:|---:|---:|---:|",
-            ]
+            if workload == TOUCH:
+                base = [_by(rows, batch, p, TOUCH) or nan for p in (FLOOR, VERL_NUMPY, VERL_DEFAULT)]
+                heads = ["× floor", "× faster than verl numpy", "× faster than verl default"]
+                ratios = [lambda r: r["total"] / base[0]["total"], lambda r: base[1]["total"] / r["total"],
+                          lambda r: base[2]["total"] / r["total"]]
+                title = f"\nWorkload `{workload}` (the receive alone):\n"
+            else:
+                copy_then_write = _by(rows, batch, OURS_COPY, workload) or nan
+                heads = ["× copy-then-write (ours_copy)", "× floor's read"]
+                ratios = [lambda r: r["total"] / copy_then_write["total"], lambda r: r["total"] / floor["total"]]
+                title = f"\nWorkload `{workload}` (in place, in the actor):\n"
+            out += [title, "| path | total s | best s | " + " | ".join(heads) + " |", "|---|---:|---:|" + "---:|" * len(heads)]
             for r in sorted(cells, key=lambda r: r["total"]):
-                out.append(
-                    f"| {r['path']} | {r['total']:.3f} | {r['best']:.3f} | {r['total'] / copy_then_write['total']:.2f} "
-                    f"| {r['total'] / floor['total']:.2f} |"
-                )
+                out.append(f"| {r['path']} | {r['total']:.3f} | {r['best']:.3f} | " + " | ".join(f"{f(r):.2f}" for f in ratios) + " |")
     return "\n".join(out)
 
 
@@ -482,6 +493,8 @@ def targets(rows, fan_rows) -> str:
         ("seed: default >= 5x faster than verl numpy (read)", t("seed", VERL_NUMPY) / t("seed", OURS_COW), ">=", 5),
         ("seed: default >= 20x faster than verl default (read)", t("seed", VERL_DEFAULT) / t("seed", OURS_COW), ">=", 20),
         ("seed, for context: the floor itself vs verl numpy (read)", t("seed", VERL_NUMPY) / t("seed", FLOOR), ">=", 5),
+        ("seed: default >= 5x faster than verl numpy (receive only: touch)", t("seed", VERL_NUMPY, TOUCH) / t("seed", OURS_COW, TOUCH), ">=", 5),
+        ("seed: default >= 20x faster than verl default (receive only: touch)", t("seed", VERL_DEFAULT, TOUCH) / t("seed", OURS_COW, TOUCH), ">=", 20),
         *(
             (f"{b}: full in-place write within 1.5x of copy-then-write", t(b, OURS_COW, WRITE) / t(b, OURS_COPY, WRITE), "<=", 1.5)
             for b in ("seed", "ppo", "jagged")
@@ -544,7 +557,7 @@ a 0.5 s pause before each run lets the store release the previous object.
 
 - total = encode + `ray.put` (send) + remote call + receive (Ray's unpickling of the argument, the rest
   of the decode) + the workload in the actor; median, and best of the runs; the ratios use medians.
-- workloads: `read` sums every tensor (every byte read); `write1/8` adds 1 in place to the first eighth
+- workloads: `touch` reads one element per tensor (the receive alone); `read` sums every tensor (every byte read); `write1/8` adds 1 in place to the first eighth
   of the rows; `write` adds 1 to everything. `ours_default_cow` is the default (copy-on-write views of the
   store), `ours_copy` copies on receipt (copy-then-write), `ours_zero_copy` views the shared object (its
   writes reach every reader: shown for reference only).
