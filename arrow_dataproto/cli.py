@@ -407,6 +407,8 @@ def _head(args: argparse.Namespace) -> int:
     for r, i in enumerate(index):
         line = str(i).rjust(index_width) + "".join("  " + _render(c[r], w).ljust(w) for _, c, w in columns)
         print((line + more).rstrip())
+    if not index:
+        print(f"(no rows from row {args.start}; --start counts from 0, negative from the end)", file=sys.stderr)
     if shown < len(names):
         rest = names[shown:]
         print(f"({_count(len(rest), 'more column')} not shown: {', '.join(rest)}; choose with --columns)", file=sys.stderr)

@@ -150,6 +150,12 @@ def test_head_with_allow_pickle_and_ranges(tmp_path, capsys):
     assert out.splitlines()[1].startswith(f"0  i64[12] {row[0]} {row[1]} ")
 
 
+def test_head_past_the_end(tmp_path, capsys):
+    write_file(tmp_path / "f.arrow", sample_dataproto(rows=2))
+    status, out, err = call(capsys, "head", tmp_path / "f.arrow", "--start", "5", "--columns", "uid")
+    assert status == 0 and out.split() == ["uid"] and "no rows from row 5" in err
+
+
 def test_head_of_an_unknown_column(tmp_path, capsys):
     write_file(tmp_path / "f.arrow", sample_dataproto(rows=2))
     status, _, err = call(capsys, "head", tmp_path / "f.arrow", "--columns", "nope")
