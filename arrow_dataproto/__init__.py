@@ -19,12 +19,16 @@ Namespaces::
 
 Modules whose names start with an underscore are internal; ``docs/architecture.md``
 shows how they fit together.
+
+Names are imported on first use (PEP 562), so ``import arrow_dataproto`` (and the
+``arrow-dataproto`` command's ``--help``) does not import torch or pyarrow.
 """
 
-from ._codec import to_arrow, to_ipc
-from ._container import DataProto, DataProtoConfig, DataProtoItem
-from ._decoding import from_arrow, from_ipc
-from ._format import FORMAT_VERSION
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     ArgumentTypeError,
     BatchError,
@@ -38,9 +42,50 @@ from .errors import (
     RowIndexError,
     SchemaMismatchError,
 )
-from .pickling import ReceiveMode, ReceiveOptions, get_receive_options, receive_mode, receive_options, set_receive_options
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "_codec": ("to_arrow", "to_ipc"),
+    "_decoding": ("from_arrow", "from_ipc"),
+    "_format": ("FORMAT_VERSION",),
+    "_container": ("DataProto", "DataProtoConfig", "DataProtoItem"),
+    "pickling": (
+        "ReceiveMode", "ReceiveOptions", "get_receive_options", "receive_mode", "receive_options", "set_receive_options"
+    ),
+}
+_MODULE_OF = {name: module for module, names in _LAZY.items() for name in names}
+_NAMESPACES = ("files", "pandas", "transport", "testing", "integrations", "verl_api", "pickling")
+
+if TYPE_CHECKING:
+    from ._codec import to_arrow, to_ipc
+    from ._container import DataProto, DataProtoConfig, DataProtoItem
+    from ._decoding import from_arrow, from_ipc
+    from ._format import FORMAT_VERSION
+    from .pickling import (
+        ReceiveMode,
+        ReceiveOptions,
+        get_receive_options,
+        receive_mode,
+        receive_options,
+        set_receive_options,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name in _NAMESPACES:
+        return importlib.import_module(f".{name}", __name__)
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'arrow_dataproto' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_MODULE_OF})
+
 
 __all__ = [
     "DataProto",

@@ -2,7 +2,7 @@
 
 ::
 
-    arrow-dataproto inspect FILE [--json]           rows, batches, columns, dtypes, shapes, bytes
+    arrow-dataproto inspect FILE [--stats] [--json]  rows, batches, meta_info, columns, sizes, row lengths
     arrow-dataproto head FILE [-n N] [--start S] [--columns C ...] [--allow-pickle]
     arrow-dataproto convert IN OUT [--allow-pickle] [--compression C]
     arrow-dataproto recover IN OUT [--compression C]
@@ -12,7 +12,8 @@
 Nothing is unpickled without ``--allow-pickle``: ``inspect`` never unpickles,
 ``head`` shows pickled columns as ``<pickled>``, and ``convert`` refuses a
 pickle. Exit status: 0 on success, 1 on an error (printed as one line), 2 for
-a bad command line.
+a bad command line. torch, pyarrow and the rest of the library are imported by
+the command that needs them, so ``--help`` and usage errors answer at once.
 """
 
 from __future__ import annotations
@@ -25,26 +26,37 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
-from ._format import VERSION, check_schema
 from .errors import DataProtoError, DecodeError, PickleNotAllowedError
-from .files import MAGIC, copy_file, open_file, open_regular, progress_bar, recover_file, write_file
-from ._container import DataProto
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .files import ColumnInfo, FileReader
+    from ._container import DataProto
 
 PICKLED = "<pickled>"
 """What ``head`` shows in a pickled column without ``--allow-pickle``."""
+
+ALLOW_PICKLE_HINT = "(on the command line: --allow-pickle, only for a file you trust)"
 
 
 def _size(n: float) -> str:
     """``1536`` -> ``"1.5 KiB"``."""
     if n < 1024:
         return f"{int(n)} B"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
+    for unit in ("KiB", "MiB", "GiB"):
         n /= 1024
-        if n < 1024 or unit == "TiB":
+        if n < 1024:
             return f"{n:.1f} {unit}"
+    return f"{n / 1024:.1f} TiB"
+
+
+def _count(n: int, noun: str) -> str:
+    """``_count(1, "batch")`` -> ``"1 batch"``, ``_count(2, "batch")`` -> ``"2 batches"``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}{'es' if noun.endswith(('s', 'ch')) else 's'}"
 
 
 def _shape(shape: Any) -> str:
@@ -53,65 +65,197 @@ def _shape(shape: Any) -> str:
     return "[" + ", ".join("*" if n is None else str(n) for n in shape) + "]"
 
 
+def _clip(text: str, width: int) -> str:
+    """``text`` on one line, cut to ``width`` characters with an ellipsis."""
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+def _terminal_width() -> int:
+    return shutil.get_terminal_size((100, 24)).columns
+
+
+def _table(rows: list[tuple[str, ...]], indent: str = "  ") -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [(indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths))).rstrip() for row in rows]
+
+
 # ---------------------------------------------------------------- inspect
 
 
-def describe(path: str | os.PathLike) -> dict:
-    """What ``inspect`` shows, as a JSON-compatible dict; nothing is unpickled."""
+def _lengths_summary(lengths: list[np.ndarray]) -> dict | None:
+    import numpy as np
+
+    if not lengths:
+        return None
+    every = np.concatenate(lengths)
+    if not every.size:
+        return None
+    return {"min": int(every.min()), "median": float(np.median(every)), "max": int(every.max())}
+
+
+def _value_stats(reader: FileReader, info: ColumnInfo) -> dict | None:
+    """min / mean / max (and NaN count) of a numeric column's values, one batch at a time."""
+    import numpy as np
+    import torch
+
+    if info.kind in ("pickle", "string", "object"):
+        return None
+    low, high, total, count, nans = float("inf"), float("-inf"), 0.0, 0, 0
+    for i in range(reader.num_batches):
+        data = reader.read_batch(i, [info.name], meta_info=False)
+        if info.is_tensor:
+            assert data.batch is not None  # a tensor column was read
+            column = data.batch[tuple(info.name.split("."))]
+            if column.is_nested:
+                rows = column.unbind()
+                column = torch.cat([row.reshape(-1) for row in rows]) if rows else torch.empty(0)
+            if column.is_complex():
+                return None
+            values = column.reshape(-1).to(torch.float64).numpy()
+        else:
+            array = data.non_tensor_batch[info.name]
+            if array.dtype.kind not in "biuf":
+                return None
+            values = array.reshape(-1).astype(np.float64)
+        finite = values[~np.isnan(values)]
+        nans += int(values.size - finite.size)
+        if finite.size:
+            low, high = min(low, float(finite.min())), max(high, float(finite.max()))
+            total += float(finite.sum())
+            count += int(finite.size)
+    if not count:
+        return {"min": None, "mean": None, "max": None, "nan": nans}
+    return {"min": low, "mean": total / count, "max": high, "nan": nans}
+
+
+def _meta_info_of(metadata: dict[str, str]) -> tuple[str | None, dict | None]:
+    """How a batch's meta_info is stored (``"json"``, ``"pickle"`` or None) and its value,
+    None when pickled: nothing is unpickled here."""
+    from ._format import META_INFO_ENCODING
+    from ._objects import decode_meta_info
+
+    encoding = metadata.get(META_INFO_ENCODING)
+    return encoding, None if encoding == "pickle" else decode_meta_info(metadata, allow_pickle=False)
+
+
+def describe(path: str | os.PathLike, *, stats: bool = False) -> dict:
+    """What ``inspect`` shows, as a JSON-compatible dict; nothing is unpickled.
+
+    Sizes, row counts, row lengths and ``meta_info`` come from the file's IPC metadata
+    (:func:`arrow_dataproto.files.read_layout`): nothing is decompressed but the offsets
+    of list-like columns. ``stats=True`` adds each numeric column's min / mean / max and
+    NaN count, which decodes every numeric column (one batch of one column at a time).
+    """
+    from ._format import VERSION, check_schema
+    from .files import open_file, read_layout
+
+    layout = read_layout(path)
     with open_file(path) as reader:
-        encoding = reader.meta_info_encoding() if reader.num_batches else None
-        meta_keys = list(reader.read_meta_info()) if encoding == "json" else None
-        nbytes = reader.column_nbytes()
-        return {
+        infos = reader.column_info()
+        columns = []
+        for c in infos:
+            column = {
+                "name": c.name,
+                "kind": c.kind,
+                "dtype": c.dtype,
+                "shape": c.shape,
+                "device": c.device,
+                "bytes": sum(batch.raw_bytes[c.name] for batch in layout),
+                "stored_bytes": sum(batch.stored_bytes[c.name] for batch in layout),
+                "row_lengths": _lengths_summary([b.row_lengths[c.name] for b in layout if c.name in b.row_lengths]),
+            }
+            if stats:
+                column["stats"] = _value_stats(reader, c)
+            columns.append(column)
+        info = {
             "path": str(path),
             "file_bytes": reader.file_size,
             "format_version": check_schema(reader.schema)[VERSION],
             "compression": reader.compression or "none",
-            "rows": reader.num_rows,
-            "batches": reader.num_batches,
-            "batch_rows": reader.batch_rows,
-            "meta_info": {"encoding": encoding, "keys": meta_keys},
-            "columns": [
-                {
-                    "name": c.name,
-                    "kind": c.kind,
-                    "dtype": c.dtype,
-                    "shape": c.shape,
-                    "device": c.device,
-                    "bytes": nbytes[c.name],
-                }
-                for c in reader.column_info()
-            ],
+            "rows": sum(b.rows for b in layout),
+            "batches": len(layout),
+            "batch_rows": [b.rows for b in layout],
         }
+    encodings, per_batch = zip(*[_meta_info_of(b.metadata) for b in layout]) if layout else ((), ())
+    info["meta_info"] = {
+        "encoding": encodings[0] if encodings else None,
+        "keys": list(per_batch[0]) if per_batch and per_batch[0] is not None else None,
+        "batches": list(per_batch),
+    }
+    info["columns"] = columns
+    return info
 
 
-def _print_description(info: dict) -> None:
+def _brief(value: Any, width: int = 24) -> str:
+    """A meta_info value in a few characters: scalars as they are, containers by size."""
+    if isinstance(value, (list, tuple)):
+        text = json.dumps(value)
+        return text if len(text) <= width else f"[{len(value)} items]"
+    if isinstance(value, dict):
+        text = json.dumps(value)
+        return text if len(text) <= width else "{" + ", ".join(map(str, value)) + "}"
+    return _clip(str(value), width)
+
+
+def _print_description(info: dict, most_batches: int = 8) -> None:
+    width = _terminal_width()
     rows = info["batch_rows"]
     sizes = ", ".join(map(str, rows[:8])) + (", ..." if len(rows) > 8 else "")
+    compressed = info["compression"] != "none"
+    raw_total = sum(c["bytes"] for c in info["columns"])
     print(info["path"])
     print(
-        f"  {info['rows']} rows in {info['batches']} batches ({sizes}); {_size(info['file_bytes'])} on disk, "
-        f"compression {info['compression']}, format {info['format_version']}"
+        f"  {_count(info['rows'], 'row')} in {_count(info['batches'], 'batch')} ({sizes}); "
+        f"{_size(info['file_bytes'])} on disk"
+        + (f" ({_size(raw_total)} uncompressed)" if compressed else "")
+        + f", compression {info['compression']}, format {info['format_version']}"
     )
     meta = info["meta_info"]
-    if meta["encoding"] == "json":
-        print(f"  meta_info (batch 0): {', '.join(meta['keys']) or '{}'}")
-    elif meta["encoding"] == "pickle":
+    if meta["encoding"] == "pickle":
         print("  meta_info (batch 0): pickled, not shown (needs --allow-pickle to read)")
-    bytes_label = "bytes (uncompressed)" if info["compression"] != "none" else "bytes"
-    table = [("column", "kind", "dtype", "row shape", "device", bytes_label)]
+    else:
+        print(f"  meta_info (batch 0): {', '.join(meta['keys'] or []) or '{}'}")
+
+    header = ["column", "kind", "dtype", "row shape", "device"]
+    header += ["stored", "raw"] if compressed else ["bytes"]
+    header += ["row lengths min/median/max"]
+    with_stats = any("stats" in c for c in info["columns"])
+    if with_stats:
+        header += ["min", "mean", "max", "NaN"]
+    table = [tuple(header)]
     for c in info["columns"]:
-        table.append((c["name"], c["kind"], c["dtype"], _shape(c["shape"]), c["device"] or "-", _size(c["bytes"])))
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    for row in table:
-        print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        cells = [c["name"], c["kind"], c["dtype"], _shape(c["shape"]), c["device"] or "-"]
+        cells += [_size(c["stored_bytes"]), _size(c["bytes"])] if compressed else [_size(c["bytes"])]
+        lengths = c["row_lengths"]
+        cells.append("-" if lengths is None else f"{lengths['min']} / {lengths['median']:g} / {lengths['max']}")
+        if with_stats:
+            stats = c.get("stats")
+            cells += ["-"] * 4 if stats is None else [
+                "-" if stats[k] is None else f"{stats[k]:.4g}" for k in ("min", "mean", "max")
+            ] + [str(stats["nan"])]
+        table.append(tuple(cells))
+    for line in _table(table):
+        print(line)
     pickled = [c["name"] for c in info["columns"] if c["kind"] == "pickle"]
     if pickled:
         print(f"  pickled columns: {', '.join(pickled)} (reading their values needs --allow-pickle)")
 
+    batches = meta["batches"]
+    if any(m != {} for m in batches):  # None: pickled
+        print("  meta_info per batch:")
+        shown = range(len(batches)) if len(batches) <= most_batches else [*range(most_batches - 2), -2, -1]
+        for i in shown:
+            i %= len(batches)
+            m = batches[i]
+            text = "pickled, not shown" if m is None else ", ".join(f"{k}={_brief(v)}" for k, v in m.items()) or "{}"
+            print(_clip(f"    batch {i} ({rows[i]} rows): {text}", width))
+            if i == most_batches - 3 and len(batches) > most_batches:
+                print(f"    ... {len(batches) - most_batches} more (--json shows every batch)")
+
 
 def _inspect(args: argparse.Namespace) -> int:
-    info = describe(args.file)
+    info = describe(args.file, stats=args.stats)
     if args.json:
         print(json.dumps(info, indent=2))
     else:
@@ -122,35 +266,154 @@ def _inspect(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- head
 
 
-def _head_frame(path: str, n: int, start: int, columns: list[str] | None, allow_pickle: bool):
-    """Rows ``start:start+n`` as a DataFrame indexed by row number in the file, and the pickled
-    columns filled with ``<pickled>`` instead of being decoded (without ``allow_pickle``;
-    ``meta_info`` is then not read either: nothing is unpickled)."""
-    from .pandas import to_pandas
+_SHORT_DTYPES = {
+    "float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16",
+    "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8",
+    "uint64": "u64", "uint32": "u32", "uint16": "u16", "uint8": "u8",
+    "complex128": "c128", "complex64": "c64", "complex32": "c32", "bool": "bool",
+}
+"""How ``head`` names a dtype in a tensor cell; others keep their name (``float8_e4m3fn``)."""
+
+
+Cell = "str | tuple[str, list[str]]"
+"""A ``head`` cell: text, or an array's ``(dtype[shape], first values)`` drawn to the column's width."""
+
+
+def _number(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, (float, complex)) else str(value)
+
+
+def _render(cell: Any, width: int) -> str:
+    """A cell in at most ``width`` characters: ``f32[512] -0.51 -4.78 …`` keeps whole numbers only."""
+    if isinstance(cell, str):
+        return _clip(cell, width)
+    text, values = cell
+    for k, value in enumerate(values):
+        more = k + 1 < len(values)
+        if len(text) + 1 + len(value) + (2 if more else 0) > width:
+            return _clip(text, width - 2) + " …" if width > len(text) else _clip(text, width)
+        text += " " + value
+    return text
+
+
+def _array_cell(dtype: str, shape: tuple[int, ...], ragged: list[bool], values: list) -> tuple[str, list[str]]:
+    """``("f32[512]", ["-0.51", ...])``; a ragged size is marked ``*`` (``i64[*37]``)."""
+    dims = ",".join(("*" if r else "") + str(n) for n, r in zip(shape, ragged))
+    return f"{_SHORT_DTYPES.get(dtype, dtype)}[{dims}]", [_number(v) for v in values]
+
+
+def _tensor_cells(column: Any, info: ColumnInfo, most: int) -> list[Any]:
+    import torch
+
+    rows = column.unbind() if column.is_nested else column
+    ragged = [n is None for n in info.shape] if isinstance(info.shape, list) else []
+    cells: list[Any] = []
+    for row in rows:
+        if row.dtype.is_floating_point and row.dtype not in (torch.float16, torch.float32, torch.float64):
+            values = row.reshape(-1)[:most].float()  # bf16 and fp8 have no Python conversion of their own
+        else:
+            values = row.reshape(-1)[:most]
+        if row.dim() == 0:
+            cells.append(_number(values.item()))
+            continue
+        marks = ragged if len(ragged) == row.dim() else [False] * row.dim()
+        cells.append(_array_cell(str(row.dtype).removeprefix("torch."), tuple(row.shape), marks, values.tolist()))
+    return cells
+
+
+def _object_cells(values: np.ndarray, most: int) -> list[Any]:
+    import numpy as np
+
+    cells: list[Any] = []
+    for value in values:
+        if isinstance(value, np.ndarray):
+            flat = value.reshape(-1)[:most].tolist()
+            cells.append(_array_cell(str(value.dtype), value.shape, [False] * value.ndim, flat))
+        elif isinstance(value, (float, np.floating)):
+            cells.append(_number(float(value)))
+        else:
+            cells.append(str(value))
+    return cells
+
+
+def _head_columns(reader: FileReader, asked: list[str] | None) -> list[str]:
+    """The columns to show, in the order asked (a nested TensorDict's name: its leaves in file order).
+    Unknown names are kept, so that reading them raises the library's error."""
+    if asked is None:
+        return reader.columns
+    out: list[str] = []
+    for name in asked:
+        leaves = [name] if name in reader.columns else [c for c in reader.columns if c.startswith(name + ".")]
+        out += [c for c in leaves or [name] if c not in out]
+    return out
+
+
+def head_table(path: str | os.PathLike, n: int = 5, start: int = 0, columns: list[str] | None = None,
+               allow_pickle: bool = False, most: int = 16) -> tuple[list[str], list[int], list[list[Any]], list[str]]:
+    """Rows ``start:start+n`` of a file as cells: ``(column names, row numbers, cells by column,
+    hidden pickled columns)``; an array cell keeps its first ``most`` values (see :func:`_render`).
+    Without ``allow_pickle`` pickled columns read as ``<pickled>`` and ``meta_info`` is not
+    read: nothing is unpickled."""
+    from .files import open_file
 
     with open_file(path, allow_pickle=allow_pickle) as reader:
-        wanted = reader.columns if columns is None else list(columns)
-        hidden = [] if allow_pickle else [c for c in reader.pickled_columns if c in wanted]
+        names = _head_columns(reader, columns)
+        hidden = [] if allow_pickle else [c for c in names if c in reader.pickled_columns]
         first = slice(start, None).indices(reader.num_rows)[0]
-        data = reader.read_rows(first, first + n, [c for c in wanted if c not in hidden], meta_info=allow_pickle)
-        order = reader.columns
-    frame = to_pandas(data)
-    for name in hidden:
-        frame[name] = PICKLED
-    frame = frame[[c for c in order if c in frame.columns]]
-    frame.index = range(first, first + len(frame))
-    return frame, hidden
+        data = reader.read_rows(first, first + n, [c for c in names if c not in hidden], meta_info=allow_pickle)
+        infos = {c.name: c for c in reader.column_info()}
+        count = min(n, reader.num_rows - first)
+    cells = []
+    for name in names:
+        if name in hidden:
+            cells.append([PICKLED] * count)
+        elif name in data.non_tensor_batch:
+            cells.append(_object_cells(data.non_tensor_batch[name], most))
+        else:
+            cells.append(_tensor_cells(data.batch[tuple(name.split("."))], infos[name], most))
+    return names, list(range(first, first + count)), cells, hidden
+
+
+def _fit(names: list[str], cells: list[list[Any]], index_width: int, width: int,
+         widest: int = 40, narrowest: int = 20) -> tuple[list[int], int]:
+    """Column widths that fit ``width`` characters: each column as wide as its header and cells
+    (at most ``widest``); the widest are narrowed first, down to ``narrowest`` (or their
+    header); then columns are dropped from the right. Returns the widths and how many fit."""
+    natural = [
+        min(widest, max([len(name), *(len(_render(c, widest)) for c in column)])) for name, column in zip(names, cells)
+    ]
+    floor = [min(w, max(narrowest, len(name))) for w, name in zip(natural, names)]
+    widths = list(natural)
+
+    def total(ws: list[int]) -> int:
+        return index_width + sum(2 + w for w in ws)
+
+    while total(widths) > width:
+        k = max(range(len(widths)), key=lambda j: widths[j] - floor[j], default=None)
+        if k is None or widths[k] <= floor[k]:
+            break
+        widths[k] -= 1
+    shown = len(widths)
+    while shown > 1 and total(widths[:shown]) + 2 > width:
+        shown -= 1
+    return widths, shown
 
 
 def _head(args: argparse.Namespace) -> int:
-    import pandas as pd
-
-    frame, hidden = _head_frame(args.file, args.n, args.start, args.columns, args.allow_pickle)
-    width = shutil.get_terminal_size().columns
-    with pd.option_context(
-        "display.max_columns", None, "display.max_rows", None, "display.width", width, "display.max_colwidth", 40
-    ):
-        print(frame)
+    names, index, cells, hidden = head_table(args.file, args.n, args.start, args.columns, args.allow_pickle)
+    index_width = max([len(str(i)) for i in index] + [1])
+    widths, shown = _fit(names, cells, index_width, _terminal_width())
+    more = "  …" if shown < len(names) else ""
+    columns = list(zip(names, cells, widths))[:shown]
+    print((" " * index_width + "".join("  " + _clip(n, w).ljust(w) for n, _, w in columns) + more).rstrip())
+    for r, i in enumerate(index):
+        line = str(i).rjust(index_width) + "".join("  " + _render(c[r], w).ljust(w) for _, c, w in columns)
+        print((line + more).rstrip())
+    if not index:
+        print(f"(no rows from row {args.start}; --start counts from 0, negative from the end)", file=sys.stderr)
+    if shown < len(names):
+        rest = names[shown:]
+        print(f"({_count(len(rest), 'more column')} not shown: {', '.join(rest)}; choose with --columns)", file=sys.stderr)
     if hidden:
         print(f"(columns {', '.join(hidden)} are pickled: shown as {PICKLED}; --allow-pickle decodes them, "
               "only for files you trust)", file=sys.stderr)
@@ -166,6 +429,10 @@ class _VerlDataProto:
     Unpickling sets its ``batch``, ``non_tensor_batch`` and ``meta_info`` from a state
     verl pickled, through :mod:`arrow_dataproto.integrations.verl` (both of verl's modes).
     """
+
+    batch: Any
+    non_tensor_batch: dict
+    meta_info: dict
 
     def __setstate__(self, state: Any) -> None:
         from .integrations.verl import load_state
@@ -190,7 +457,10 @@ def load_pickled_dataproto(path: str | os.PathLike) -> DataProto:
     decodes verl's state (``torch.save`` bytes or numpy mode). Raises
     :class:`DecodeError` if the file holds something else or a class that cannot be found.
     """
-    with open(path, "rb") as f:
+    from ._container import DataProto
+    from .files import open_regular
+
+    with os.fdopen(open_regular(path), "rb") as f:  # a FIFO is refused, never read
         try:
             loaded = _VerlUnpickler(f).load()
         except DataProtoError:
@@ -202,37 +472,51 @@ def load_pickled_dataproto(path: str | os.PathLike) -> DataProto:
     raise DecodeError(f"{path}: the pickle holds a {type(loaded).__name__}, not a DataProto")
 
 
-def _convert(args: argparse.Namespace) -> int:
-    with os.fdopen(open_regular(args.input), "rb") as f:  # a FIFO is refused, never read
-        start = f.read(len(MAGIC))
-    compression = None if args.compression == "none" else args.compression
-    if start == MAGIC:
-        batches = copy_file(args.input, args.output, compression=compression)
-        print(f"wrote {args.output}: {batches} batches, compression {args.compression}")
-        return 0
-    if not start.startswith(b"\x80"):
-        raise DecodeError(f"{args.input}: neither an Arrow file nor a pickle")
-    if not args.allow_pickle:
-        raise PickleNotAllowedError(
-            f"{args.input} is a Python pickle: loading it runs code the file names. "
-            "Pass --allow-pickle only if you trust where it came from"
-        )
-    data = load_pickled_dataproto(args.input)
-    write_file(args.output, data, compression=compression)
-    with open_file(args.output) as reader:
-        pickled = reader.pickled_columns
-    print(f"wrote {args.output}: {len(data)} rows, compression {args.compression}")
+def _compression(name: str | None) -> str | None:
+    return None if name in (None, "none") else name
+
+
+def _report_written(source: str, out: str, verb: str = "wrote") -> None:
+    """One line for ``convert`` and ``recover``: rows, batches, compression, sizes before and after."""
+    from .files import open_file
+
+    with open_file(out) as reader:
+        rows, batches, compression, pickled = reader.num_rows, reader.num_batches, reader.compression, reader.pickled_columns
+    print(f"{verb} {out}: {_count(rows, 'row')} in {_count(batches, 'batch')}, compression {compression or 'none'}, "
+          f"{_size(os.path.getsize(source))} -> {_size(os.path.getsize(out))}")
     if pickled:
         print(f"note: columns {', '.join(pickled)} are stored pickled (reading them needs allow_pickle=True)")
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from .files import MAGIC, copy_file, open_file, open_regular, write_file
+
+    with os.fdopen(open_regular(args.input), "rb") as f:  # a FIFO is refused, never read
+        start = f.read(len(MAGIC))
+    if start == MAGIC:
+        if args.compression is None:  # keep the source's
+            with open_file(args.input) as reader:
+                compression = None if reader.compression == "unknown" else reader.compression
+        else:
+            compression = _compression(args.compression)
+        copy_file(args.input, args.output, compression=compression)
+    elif not start.startswith(b"\x80"):
+        raise DecodeError(f"{args.input}: neither an Arrow file nor a pickle")
+    elif not args.allow_pickle:
+        raise PickleNotAllowedError(f"{args.input} is a Python pickle: loading it runs code the file names")
+    else:
+        write_file(args.output, load_pickled_dataproto(args.input), compression=_compression(args.compression))
+    _report_written(args.input, args.output)
     return 0
 
 
 def _recover(args: argparse.Namespace) -> int:
-    compression = None if args.compression == "none" else args.compression
-    batches = recover_file(args.input, args.output, compression=compression)
+    from .files import open_file, recover_file
+
+    batches = recover_file(args.input, args.output, compression=_compression(args.compression))
     with open_file(args.output) as reader:
         rows = reader.num_rows
-    print(f"recovered {batches} complete batches ({rows} rows) into {args.output}")
+    print(f"recovered {_count(batches, 'complete batch')} ({_count(rows, 'row')}) into {args.output}")
     return 0
 
 
@@ -266,6 +550,8 @@ def _benchmarks_dir(explicit: str | None) -> Path:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    from .files import progress_bar
+
     folder = _benchmarks_dir(args.dir)
     scripts = sorted(folder.glob("bench_*.py"))
     names = {s.stem.removeprefix("bench_"): s for s in scripts}
@@ -287,6 +573,7 @@ def _bench(args: argparse.Namespace) -> int:
             with subprocess.Popen(
                 command, cwd=folder.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
             ) as process:
+                assert process.stdout is not None  # stdout=PIPE
                 for line in process.stdout:
                     bar.write(line.rstrip("\n"))
             if process.returncode:
@@ -309,19 +596,25 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = commands.add_parser("inspect", help="rows, batches and columns of a file (never unpickles)",
-                            description="Show a file's rows, batches, compression, meta_info keys and, for each "
-                            "column, its kind, torch/numpy dtype, per-row shape (* = ragged), device and bytes.")
+                            description="Show a file's rows, batches, compression and each batch's meta_info and, "
+                            "for each column, its kind, torch/numpy dtype, per-row shape (* = ragged), device, bytes "
+                            "stored and uncompressed, and row lengths (min/median/max) of jagged and list columns. "
+                            "All of it comes from the file's metadata: nothing is decompressed but list offsets.")
     p.add_argument("file")
+    p.add_argument("--stats", action="store_true",
+                   help="also min/mean/max and NaN count of numeric columns (reads every value)")
     p.add_argument("--json", action="store_true", help="print the same information as JSON")
     p.set_defaults(run=_inspect)
 
     p = commands.add_parser("head", help="the first rows as a table",
-                            description="Print rows of a file as a table (via pandas): tensors as per-row arrays, "
-                            "bf16/fp8 shown as float32. Pickled columns show as <pickled> unless --allow-pickle.")
+                            description="Print rows of a file as a table that fits the terminal: a tensor cell shows "
+                            "its dtype, row shape (* before a ragged size) and first values, e.g. "
+                            "'f32[512] -0.51 -4.78 …' or 'i64[*37] 151644 8948 …'. Pickled columns show as "
+                            "<pickled> unless --allow-pickle.")
     p.add_argument("file")
     p.add_argument("-n", type=int, default=5, help="number of rows (default 5)")
     p.add_argument("--start", type=int, default=0, help="first row (default 0; negative counts from the end)")
-    p.add_argument("--columns", nargs="+", metavar="C", help="only these columns (a nested TensorDict's name selects its leaves)")
+    p.add_argument("--columns", nargs="+", metavar="C", help="only these columns, in this order (a nested TensorDict's name selects its leaves)")
     p.add_argument("--allow-pickle", action="store_true", help="decode pickled columns (runs code from the file)")
     p.set_defaults(run=_head)
 
@@ -330,11 +623,12 @@ def _parser() -> argparse.ArgumentParser:
                             description="Write IN as an Arrow file OUT. IN is a DataProto pickled by verl's "
                             "save_to_disk (or pickle.dump of ours), which needs --allow-pickle because unpickling "
                             "runs code; verl need not be installed. IN may also be an Arrow file of ours, copied "
-                            "with another --compression without unpickling anything.")
+                            "without unpickling anything, e.g. with another --compression.")
     p.add_argument("input", metavar="IN")
     p.add_argument("output", metavar="OUT")
     p.add_argument("--allow-pickle", action="store_true", help="allow unpickling IN (only for a file you trust)")
-    p.add_argument("--compression", choices=compressions, default="none", help="compression of OUT (default none)")
+    p.add_argument("--compression", choices=compressions,
+                   help="compression of OUT (default: IN's for an Arrow file, none for a pickle)")
     p.set_defaults(run=_convert)
 
     p = commands.add_parser("recover", help="copy the complete batches of an unfinished file",
@@ -371,7 +665,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into a program that stopped reading (e.g. `| head`)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except PickleNotAllowedError as e:
-        print(f"arrow-dataproto: {e}\n(on the command line: --allow-pickle, only for a file you trust)", file=sys.stderr)
+        print(f"arrow-dataproto: {e}\n{ALLOW_PICKLE_HINT}", file=sys.stderr)
     except (DataProtoError, OSError) as e:
         print(f"arrow-dataproto: error: {e}", file=sys.stderr)
     return 1

@@ -48,6 +48,8 @@ import mmap
 import os
 import secrets
 import stat
+
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
@@ -1086,3 +1088,212 @@ def _decoded_at(body: pa.Buffer, start: int) -> int | None:
 
 _CONTINUATION = b"\xff\xff\xff\xff"
 """What starts every Arrow IPC message (and the end-of-stream marker)."""
+
+# ---------------------------------------------------------------- layout from the IPC metadata
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """One record batch of a file as its IPC metadata describes it (see :func:`read_layout`).
+
+    ``compression`` is the codec of its buffers (``"lz4"``, ``"zstd"`` or None);
+    ``stored_bytes`` and ``raw_bytes`` map each column to the bytes its buffers take in
+    the file and once decompressed (equal in an uncompressed file); ``row_lengths`` maps
+    each list-like column (jagged and strided tensors, lists of objects) to the length of
+    each of its rows (int64 array); ``metadata`` is the batch's schema metadata (batch
+    size, TensorDict tree, ``meta_info``).
+    """
+
+    rows: int
+    compression: str | None
+    metadata: dict[str, str]
+    stored_bytes: dict[str, int]
+    raw_bytes: dict[str, int]
+    row_lengths: dict[str, np.ndarray]
+
+
+def read_layout(path: str | os.PathLike, *, row_lengths: bool = True) -> list[BatchLayout]:
+    """Each batch's row count, metadata, per-column stored and raw sizes and row lengths,
+    from the file's footer and message headers, without decompressing or decoding values.
+
+    Reads only the IPC metadata, 8 bytes in front of each compressed buffer (its
+    uncompressed size), and, if ``row_lengths``, the offsets buffer of each list-like
+    column (decompressing that buffer alone). Every offset and length is checked against
+    the file before anything is read. Raises :class:`DecodeError` for a file that is not
+    ours or is corrupt, as :func:`open_file` does.
+    """
+    with open_file(path) as reader:  # validates the magic, the footer and the schema
+        fields = [(field.name, *_field_layout(field.type)) for field in reader.schema]
+        schema_metadata = _str_metadata(reader.schema.metadata)
+    codec_of = {0: "lz4", 1: "zstd"}
+    with os.fdopen(open_regular(path), "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        end = len(data) - len(MAGIC) - 4
+        footer_start = end - _fb_read(data, "<i", end, len(data))
+        if footer_start < len(MAGIC):
+            raise DecodeError(f"{path}: corrupt Arrow file footer")
+        footer = _FlatTable.root(data, footer_start, end)
+        blocks, count = footer.vector(3, 24)
+        layouts = []
+        for i in range(count):
+            offset, meta_length, _, body_length = struct.unpack_from("<qiiq", data, blocks + 24 * i)
+            body = offset + meta_length
+            if offset < len(MAGIC) or meta_length < 8 or body_length < 0 or body + body_length > footer_start:
+                raise DecodeError(f"{path}: batch {i} lies outside the file")
+            start = offset + (8 if data[offset:offset + 4] == b"\xff\xff\xff\xff" else 4)
+            message = _FlatTable.root(data, start, body)
+            header = message.table(2)
+            if message.scalar(1, "<B") != 3 or header is None:  # MessageHeader.RecordBatch
+                raise DecodeError(f"{path}: block {i} is not a record batch")
+            compression = header.table(3)
+            codec = None if compression is None else codec_of.get(compression.scalar(0, "<b"))
+            if compression is not None and codec is None:
+                raise DecodeError(f"{path}: batch {i}: unknown compression codec")
+            rows = header.scalar(0, "<q")
+            nodes_at, n_nodes = header.vector(1, 16)
+            buffers_at, n_buffers = header.vector(2, 16)
+            if n_nodes != sum(f[1] for f in fields) or n_buffers != sum(f[2] for f in fields):
+                raise DecodeError(f"{path}: batch {i}: its buffers do not match the schema")
+            spans = [struct.unpack_from("<qq", data, buffers_at + 16 * b) for b in range(n_buffers)]
+            if any(o < 0 or n < 0 or o + n > body_length or (codec and 0 < n < 8) for o, n in spans):
+                raise DecodeError(f"{path}: batch {i}: a buffer lies outside the batch")
+
+            def raw_size(o: int, n: int) -> int:
+                if codec is None or n == 0:
+                    return n
+                size = _fb_read(data, "<q", body + o, body + o + n)
+                if size < -1:
+                    raise DecodeError(f"{path}: batch {i}: negative uncompressed size")
+                return n - 8 if size == -1 else size
+
+            stored, raw, lengths = {}, {}, {}
+            node, buffer = 0, 0
+            for name, n_field_nodes, n_field_buffers, list_at in fields:
+                own = spans[buffer:buffer + n_field_buffers]
+                stored[name] = sum(n for _, n in own)
+                raw[name] = sum(raw_size(o, n) for o, n in own)
+                if row_lengths and list_at is not None:
+                    list_node, list_buffer, width = list_at
+                    length = struct.unpack_from("<q", data, nodes_at + 16 * (node + list_node))[0]
+                    o, n = own[list_buffer]
+                    where = f"{path}: batch {i}: column {name!r}"
+                    lengths[name] = _row_lengths(data, body + o, n, raw_size(o, n), codec, length, width, where)
+                node += n_field_nodes
+                buffer += n_field_buffers
+            metadata = _fb_key_values(message, 4) or schema_metadata  # as FileReader reads it
+            layouts.append(BatchLayout(rows, codec, metadata, stored, raw, lengths))
+    return layouts
+
+
+def _field_layout(t: pa.DataType) -> tuple[int, int, tuple[int, int, int] | None]:
+    """(nodes, buffers, list) of a column of type ``t`` in an IPC record batch; ``list`` is
+    ``(node, buffer, offset width)`` of the list whose offsets give its row lengths, or None."""
+    if isinstance(t, pa.BaseExtensionType):
+        t = t.storage_type
+    if pa.types.is_null(t):
+        return 1, 0, None
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_map(t):
+        nodes, buffers, _ = _field_layout(t.value_type)
+        return 1 + nodes, 2 + buffers, (0, 1, 8 if pa.types.is_large_list(t) else 4)
+    if pa.types.is_fixed_size_list(t):
+        nodes, buffers, _ = _field_layout(t.value_type)
+        return 1 + nodes, 1 + buffers, None
+    if pa.types.is_struct(t):
+        children = [_field_layout(t.field(k).type) for k in range(t.num_fields)]
+        first = children[0][2] if children and t.field(0).name == "data" else None  # a strided tensor's rows
+        list_at = None if first is None else (1 + first[0], 1 + first[1], first[2])
+        return 1 + sum(c[0] for c in children), 1 + sum(c[1] for c in children), list_at
+    if pa.types.is_binary(t) or pa.types.is_string(t) or pa.types.is_large_binary(t) or pa.types.is_large_string(t):
+        return 1, 3, None
+    if pa.types.is_dictionary(t) or pa.types.is_primitive(t) or pa.types.is_fixed_size_binary(t) or pa.types.is_decimal(t):
+        return 1, 2, None
+    raise DecodeError(f"Arrow type {t} is not one arrow-dataproto writes")
+
+
+def _row_lengths(data: mmap.mmap, at: int, stored: int, raw: int, codec: str | None, rows: int, width: int, where: str) -> np.ndarray:
+    """The row lengths of a list column of ``rows`` rows whose offsets buffer is at ``at``."""
+    if rows == 0:
+        return np.zeros(0, dtype=np.int64)
+    need = (rows + 1) * width
+    if rows < 0 or not need <= raw <= need + 64:
+        raise DecodeError(f"{where}: its offsets buffer holds {raw} bytes for {rows} rows")
+    if codec is None or _fb_read(data, "<q", at, at + stored) == -1:
+        skip = 0 if codec is None else 8
+        offsets = np.frombuffer(data[at + skip:at + skip + need], dtype=f"<i{width}")
+    else:
+        try:
+            plain = pa.decompress(data[at + 8:at + stored], decompressed_size=raw, codec=codec)
+        except (pa.ArrowException, OSError, ValueError) as e:
+            raise DecodeError(f"{where}: cannot decompress its offsets: {e}") from e
+        offsets = np.frombuffer(plain, dtype=f"<i{width}", count=rows + 1)
+    lengths = np.diff(offsets).astype(np.int64)
+    if rows and (offsets[0] < 0 or (lengths < 0).any()):
+        raise DecodeError(f"{where}: its offsets are not increasing")
+    return lengths
+
+
+def _fb_read(data: Any, fmt: str, at: int, end: int) -> int:
+    """One little-endian scalar at ``at``, which must lie in ``[0, end)``."""
+    if at < 0 or at + struct.calcsize(fmt) > min(end, len(data)):
+        raise DecodeError("corrupt Arrow IPC metadata (an offset points outside it)")
+    return struct.unpack_from(fmt, data, at)[0]
+
+
+class _FlatTable:
+    """A flatbuffer table in ``data[start:end]``, read with every offset bounds-checked."""
+
+    def __init__(self, data: Any, at: int, start: int, end: int):
+        self.data, self.at, self.start, self.end = data, at, start, end
+        self.vtable = at - _fb_read(data, "<i", at, end)
+        if self.vtable < start:
+            raise DecodeError("corrupt Arrow IPC metadata (a vtable points outside it)")
+        self.vtable_size = _fb_read(data, "<H", self.vtable, end)
+
+    @classmethod
+    def root(cls, data: Any, start: int, end: int) -> "_FlatTable":
+        return cls(data, start + _fb_read(data, "<I", start, end), start, end)
+
+    def _field(self, slot: int) -> int:
+        entry = 4 + 2 * slot
+        return _fb_read(self.data, "<H", self.vtable + entry, self.end) if entry + 2 <= self.vtable_size else 0
+
+    def scalar(self, slot: int, fmt: str, default: int = 0) -> int:
+        field = self._field(slot)
+        return _fb_read(self.data, fmt, self.at + field, self.end) if field else default
+
+    def table(self, slot: int) -> "_FlatTable | None":
+        field = self._field(slot)
+        if not field:
+            return None
+        at = self.at + field
+        return _FlatTable(self.data, at + _fb_read(self.data, "<I", at, self.end), self.start, self.end)
+
+    def vector(self, slot: int, item_size: int) -> tuple[int, int]:
+        """Where the items of a vector start, and their count (0, 0 if absent)."""
+        field = self._field(slot)
+        if not field:
+            return 0, 0
+        at = self.at + field
+        at += _fb_read(self.data, "<I", at, self.end)
+        count = _fb_read(self.data, "<I", at, self.end)
+        if at + 4 + count * item_size > self.end:
+            raise DecodeError("corrupt Arrow IPC metadata (a vector runs past its end)")
+        return at + 4, count
+
+    def string(self, at: int) -> str:
+        at += _fb_read(self.data, "<I", at, self.end)
+        size = _fb_read(self.data, "<I", at, self.end)
+        if at + 4 + size > self.end:
+            raise DecodeError("corrupt Arrow IPC metadata (a string runs past its end)")
+        return bytes(self.data[at + 4:at + 4 + size]).decode("utf-8", errors="replace")
+
+
+def _fb_key_values(table: _FlatTable, slot: int) -> dict[str, str]:
+    """A ``[KeyValue]`` custom metadata vector as a dict."""
+    at, count = table.vector(slot, 4)
+    out = {}
+    for k in range(count):
+        item = at + 4 * k
+        entry = _FlatTable(table.data, item + _fb_read(table.data, "<I", item, table.end), table.start, table.end)
+        key, value = entry._field(0), entry._field(1)
+        out[entry.string(entry.at + key) if key else ""] = entry.string(entry.at + value) if value else ""
+    return out

@@ -113,6 +113,7 @@ def test_inspect_json(tmp_path, capsys):
     columns = {c["name"]: c for c in info["columns"]}
     assert columns["input_ids"] == {
         "name": "input_ids", "kind": "tensor", "dtype": "int64", "shape": [12], "device": "cpu", "bytes": 6 * 12 * 8,
+        "stored_bytes": 6 * 12 * 8, "row_lengths": None,
     }
     assert columns["responses_jagged"]["shape"] == [None]
 
@@ -132,8 +133,8 @@ def test_head_through_the_real_entry_point_hides_pickles(tmp_path):
     result = run("head", tmp_path / "p.arrow", "-n", "2", "--columns", "uid", "tags", "data_source")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["uid", "data_source", "tags"]
-    assert lines[1].split() == ["0", dp.non_tensor_batch["uid"][0], dp.non_tensor_batch["data_source"][0], "<pickled>"]
+    assert lines[0].split() == ["uid", "tags", "data_source"]  # the order asked for
+    assert lines[1].split() == ["0", dp.non_tensor_batch["uid"][0], "<pickled>", dp.non_tensor_batch["data_source"][0]]
     assert len(lines) == 3
     assert "--allow-pickle" in result.stderr
 
@@ -146,7 +147,13 @@ def test_head_with_allow_pickle_and_ranges(tmp_path, capsys):
     assert [line.split()[0] for line in lines] == ["tags", "2", "3"] and "z" in lines[2]
     status, out, _ = call(capsys, "head", tmp_path / "p.arrow", "-n", "1", "--columns", "input_ids")
     row = dp.batch["input_ids"][0].tolist()
-    assert out.splitlines()[1].startswith(f"0  [{row[0]}, {row[1]},")
+    assert out.splitlines()[1].startswith(f"0  i64[12] {row[0]} {row[1]} ")
+
+
+def test_head_past_the_end(tmp_path, capsys):
+    write_file(tmp_path / "f.arrow", sample_dataproto(rows=2))
+    status, out, err = call(capsys, "head", tmp_path / "f.arrow", "--start", "5", "--columns", "uid")
+    assert status == 0 and out.split() == ["uid"] and "no rows from row 5" in err
 
 
 def test_head_of_an_unknown_column(tmp_path, capsys):
@@ -240,7 +247,7 @@ def test_convert_our_own_pickle_and_arrow_files(tmp_path, capsys):
     assert call(capsys, "convert", tmp_path / "ours.pkl", tmp_path / "a.arrow", "--allow-pickle")[0] == 0
     assert_dataproto_equal(read_file(tmp_path / "a.arrow"), dp)
     status, out, _ = call(capsys, "convert", tmp_path / "a.arrow", tmp_path / "b.arrow", "--compression", "zstd")
-    assert status == 0 and "1 batches" in out
+    assert status == 0 and f"wrote {tmp_path / 'b.arrow'}: 3 rows in 1 batch, compression zstd" in out
     assert_dataproto_equal(read_file(tmp_path / "b.arrow"), dp)
 
 
@@ -319,3 +326,202 @@ def test_bench_default_folder_is_the_checkout(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no ./benchmarks here: the checkout's folder is used
     status, out, _ = call(capsys, "bench", "--list")
     assert status == 0 and "files" in out.split()
+
+
+# ---------------------------------------------------------------- start-up, inspect details, head layout
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["inspect", "--help"], ["inspect"], ["nope"], ["--version"]])
+def test_help_and_usage_errors_import_neither_torch_nor_pyarrow(argv):
+    code = (
+        "import sys\n"
+        "from arrow_dataproto.cli import main\n"
+        f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+        "heavy = sorted(m for m in ('torch', 'pyarrow', 'numpy', 'tensordict', 'pandas') if m in sys.modules)\n"
+        "print('imported:', heavy)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.stdout.splitlines()[-1] == "imported: []", result.stdout + result.stderr
+
+
+def _steps(tmp_path: Path, compression: str | None) -> tuple[Path, list[DataProto]]:
+    batches = []
+    for step in range(3):
+        dp = sample_dataproto(rows=4 + step, seed=step)
+        dp.meta_info["global_steps"] = step
+        batches.append(dp)
+    path = tmp_path / f"steps-{compression}.arrow"
+    write_file(path, batches, compression=compression)
+    return path, batches
+
+
+@pytest.mark.parametrize("compression", ["lz4", "zstd"])
+def test_inspect_sizes_come_from_the_metadata_without_decoding(tmp_path, capsys, monkeypatch, compression):
+    from arrow_dataproto.files import FileReader
+
+    plain, _ = _steps(tmp_path, None)
+    packed, batches = _steps(tmp_path, compression)
+    plain_info = json.loads(call(capsys, "inspect", plain, "--json")[1])
+
+    def refuse(*_):
+        raise AssertionError("inspect read a batch")
+
+    monkeypatch.setattr(FileReader, "_read", refuse)
+    status, out, _ = call(capsys, "inspect", packed, "--json")
+    assert status == 0
+    info = json.loads(out)
+    assert info["batch_rows"] == [4, 5, 6] and info["compression"] == compression
+    for packed_column, plain_column in zip(info["columns"], plain_info["columns"]):
+        # the raw size of a compressed column is what the same column takes uncompressed
+        assert packed_column["bytes"] == plain_column["bytes"] == plain_column["stored_bytes"]
+    columns = {c["name"]: c for c in info["columns"]}
+    assert columns["attention_mask"]["stored_bytes"] < columns["attention_mask"]["bytes"]  # all ones
+    lengths = torch.cat([torch.tensor([len(r) for r in b.batch["responses_jagged"].unbind()]) for b in batches])
+    expected = {"min": int(lengths.min()), "median": float(lengths.double().median()), "max": int(lengths.max())}
+    expected["median"] = float(np.median(lengths.numpy()))
+    assert columns["responses_jagged"]["row_lengths"] == expected
+    assert columns["position_ids_mrope"]["row_lengths"] == expected  # [3, *]: the ragged dimension
+    assert [m["global_steps"] for m in info["meta_info"]["batches"]] == [0, 1, 2]
+    assert info["meta_info"]["batches"][2] == batches[2].meta_info
+
+
+def test_inspect_text_shows_sizes_lengths_and_meta_info_per_batch(tmp_path, capsys):
+    path, _ = _steps(tmp_path, "zstd")
+    status, out, _ = call(capsys, "inspect", path)
+    assert status == 0
+    header = out.splitlines()[3].split()
+    assert header[:7] == ["column", "kind", "dtype", "row", "shape", "device", "stored"]
+    assert "uncompressed)" in out.splitlines()[1]
+    assert "meta_info per batch:" in out
+    assert "batch 2 (6 rows): temperature=0.7, global_steps=2" in out
+
+
+def test_inspect_stats(tmp_path, capsys):
+    dp = sample_dataproto(rows=6)
+    dp.batch["old_log_probs"][0, 0] = float("nan")
+    write_file(tmp_path / "f.arrow", [dp[:3], dp[3:]], compression="lz4")
+    status, out, _ = call(capsys, "inspect", tmp_path / "f.arrow", "--json", "--stats")
+    assert status == 0
+    columns = {c["name"]: c for c in json.loads(out)["columns"]}
+    values = dp.batch["old_log_probs"].double()
+    finite = values[~values.isnan()]
+    stats = columns["old_log_probs"]["stats"]
+    assert stats["nan"] == 1 and stats["min"] == finite.min().item() and stats["max"] == finite.max().item()
+    assert stats["mean"] == pytest.approx(finite.mean().item())
+    jagged = torch.cat(dp.batch["responses_jagged"].unbind()).double()
+    assert columns["responses_jagged"]["stats"]["max"] == jagged.max().item()
+    assert columns["ref_log_prob"]["stats"]["min"] == dp.batch["ref_log_prob"].double().min().item()
+    assert columns["uid"]["stats"] is None
+    assert "stats" not in json.loads(call(capsys, "inspect", tmp_path / "f.arrow", "--json")[1])["columns"][0]
+
+
+def test_inspect_never_unpickles_meta_info(tmp_path, capsys):
+    dp = sample_dataproto(rows=2)
+    dp.meta_info["when"] = {1, 2}  # a set: not JSON, stored pickled
+    write_file(tmp_path / "f.arrow", dp)
+    status, out, _ = call(capsys, "inspect", tmp_path / "f.arrow")
+    assert status == 0 and "meta_info (batch 0): pickled, not shown" in out
+    assert "batch 0 (2 rows): pickled, not shown" in out
+
+
+def test_layout_of_corrupt_files_raises_decode_error(tmp_path):
+    """Flipped bytes anywhere in the metadata, lying lengths or a cut file: DecodeError or a
+    consistent answer, never another exception (read_layout bounds-checks every offset)."""
+    from arrow_dataproto.errors import DecodeError
+    from arrow_dataproto.files import read_layout
+
+    path, _ = _steps(tmp_path, "zstd")
+    blob = bytearray(path.read_bytes())
+    rng = np.random.default_rng(0)
+    bad = tmp_path / "bad.arrow"
+    outcomes = {"ok": 0, "DecodeError": 0}
+    for case in range(300):
+        mutated = bytearray(blob)
+        if case % 10 == 0:
+            mutated = mutated[: int(rng.integers(8, len(blob)))]
+        else:
+            for _ in range(int(rng.integers(1, 4))):
+                at = int(rng.integers(0, len(blob)))
+                mutated[at] = int(rng.integers(0, 256))
+        bad.write_bytes(bytes(mutated))
+        try:
+            read_layout(bad)
+            outcomes["ok"] += 1
+        except DecodeError:
+            outcomes["DecodeError"] += 1
+    assert outcomes["DecodeError"] > 0
+
+
+def test_head_formats_tensor_cells_and_fits_the_terminal(tmp_path, capsys, monkeypatch):
+    dp = sample_dataproto(rows=3)
+    write_file(tmp_path / "f.arrow", dp)
+    monkeypatch.setenv("COLUMNS", "200")
+    status, out, _ = call(capsys, "head", tmp_path / "f.arrow", "--columns", "position_ids_mrope", "responses_jagged",
+                          "old_log_probs", "extra")
+    assert status == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["position_ids_mrope", "responses_jagged", "old_log_probs", "extra.values"]
+    n = len(dp.batch["responses_jagged"][0])
+    first = dp.batch["responses_jagged"][0].tolist()
+    assert f"i64[3,*{n}] 0 1" in lines[1]
+    assert f"i64[*{n}] {first[0]}" in lines[1]
+    assert f"f32[7] {dp.batch['old_log_probs'][0, 0].item():.3g} " in lines[1]
+
+    monkeypatch.setenv("COLUMNS", "70")
+    status, out, err = call(capsys, "head", tmp_path / "f.arrow")
+    lines = out.splitlines()
+    assert status == 0 and len(lines) == 4
+    assert all(len(line) <= 70 for line in lines)
+    assert lines[0].split()[0] == "input_ids" and lines[0].endswith("…")
+    assert "more columns not shown" in err and "reward_model" in err
+
+
+def test_convert_keeps_the_source_compression(tmp_path, capsys):
+    path, batches = _steps(tmp_path, "zstd")
+    status, out, _ = call(capsys, "convert", path, tmp_path / "same.arrow")
+    assert status == 0 and "15 rows in 3 batches, compression zstd" in out
+    assert open_file(tmp_path / "same.arrow").compression == "zstd"
+    status, out, _ = call(capsys, "convert", path, tmp_path / "plain.arrow", "--compression", "none")
+    assert status == 0 and "15 rows in 3 batches, compression none" in out
+    assert_dataproto_equal(read_file(tmp_path / "plain.arrow"), DataProto.concat(batches, meta_info="update"))
+
+
+def test_allow_pickle_hint_is_printed_once(tmp_path, capsys):
+    with open(tmp_path / "ours.pkl", "wb") as f:
+        pickle.dump(sample_dataproto(rows=2), f)
+    status, _, err = call(capsys, "convert", tmp_path / "ours.pkl", tmp_path / "a.arrow")
+    assert status == 1 and err.count("--allow-pickle") == 1
+
+
+def test_inspect_and_head_read_every_column_kind(capsys, monkeypatch):
+    """The golden file holding every kind (strided, complex, fp16, bool, N-D numpy, pickles...)."""
+    golden = ROOT / "tests" / "data" / "golden-v1.0-kinds.arrow"
+    status, out, _ = call(capsys, "inspect", golden, "--stats", "--json")
+    assert status == 0
+    info = json.loads(out)
+    with open_file(golden) as reader:
+        assert [c["name"] for c in info["columns"]] == reader.columns
+        strided = [c.name for c in reader.column_info() if c.kind == "strided"]
+        data = reader.read_all(strided, meta_info=False)
+    columns = {c["name"]: c for c in info["columns"]}
+    for name in strided:
+        rows = data.batch[name].unbind()
+        assert columns[name]["row_lengths"]["max"] == max(r.numel() for r in rows)
+        assert columns[name]["stats"]["max"] == max(r.double().max().item() for r in rows)
+    monkeypatch.setenv("COLUMNS", "400")
+    status, out, _ = call(capsys, "head", golden, "-n", "2")
+    assert status == 0 and len(out.splitlines()) == 3
+
+
+def test_inspect_shortens_meta_info_of_many_batches(tmp_path, capsys):
+    batches = []
+    for step in range(20):
+        dp = sample_dataproto(rows=2)
+        dp.meta_info["global_steps"] = step
+        batches.append(dp)
+    write_file(tmp_path / "f.arrow", batches)
+    status, out, _ = call(capsys, "inspect", tmp_path / "f.arrow")
+    lines = out.splitlines()
+    start = lines.index("  meta_info per batch:")
+    assert status == 0 and len(lines) - start - 1 == 9
+    assert "    ... 12 more (--json shows every batch)" in lines and "global_steps=19" in lines[-1]

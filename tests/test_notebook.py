@@ -1,4 +1,9 @@
-"""The quick-start notebook runs top to bottom and draws its plot, so it never rots."""
+"""The notebooks are committed executed (outputs and plots visible in the repository), and they
+still run top to bottom here, so they never rot.
+
+After changing a notebook or what it shows, re-execute it in place and commit the result:
+``python tests/test_notebook.py`` (all of them) or ``python tests/test_notebook.py notebooks/NAME.ipynb``.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,15 @@ nbclient = pytest.importorskip("nbclient", reason="nbclient is not installed (pi
 pytest.importorskip("ipykernel", reason="ipykernel is not installed (pip install arrow-dataproto[test])")
 pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install arrow-dataproto[test])")
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "quickstart.ipynb"
+FOLDER = Path(__file__).resolve().parents[1] / "notebooks"
+QUICKSTART = FOLDER / "quickstart.ipynb"
+DATA = FOLDER / "rollouts_for_data_people.ipynb"
+# What each notebook must show: the number of plots it draws and text its outputs contain.
+EXPECTED = {
+    QUICKSTART: (2, ["round trip exact: True", "ray.get exact: True", "uids in order: True", "rows 250..260 exact: True",
+                     "from_pandas exact: True", "compression zstd", "f32[128]", "mean_score"]),
+    DATA: (0, ["compression zstd", "mean_length", "mean_answer"]),
+}
 
 
 def this_interpreter_kernel(tmp_path: Path):
@@ -31,26 +44,66 @@ def this_interpreter_kernel(tmp_path: Path):
     return AsyncKernelManager(kernel_name="python3", kernel_spec_manager=specs)
 
 
-def test_notebook_is_committed_without_outputs():
-    notebook = nbformat.read(NOTEBOOK, as_version=4)
+def _outputs(notebook) -> list:
+    return [output for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs]
+
+
+def _text(outputs: list) -> str:
+    parts = [o.get("text", "") for o in outputs if o.output_type == "stream"]
+    parts += [o.get("data", {}).get("text/plain", "") for o in outputs if o.output_type != "stream"]
+    return "\n".join(parts)
+
+
+def _check(notebook, path: Path) -> None:
+    outputs = _outputs(notebook)
+    assert not [o for o in outputs if o.output_type == "error"]
+    plots, texts = EXPECTED[path]
+    images = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert len(images) == plots, f"{path.name} drew {len(images)} plots, expected {plots}"
+    text = _text(outputs)
+    assert [t for t in texts if t not in text] == []
+
+
+@pytest.mark.parametrize("path", list(EXPECTED), ids=lambda p: p.stem)
+def test_notebook_is_committed_executed(path):
+    """Every code cell ran once, in order, and its outputs (plots included) are in the file."""
+    notebook = nbformat.read(path, as_version=4)
     nbformat.validate(notebook)
     code = [cell for cell in notebook.cells if cell.cell_type == "code"]
     assert code
-    assert all(cell.outputs == [] and cell.execution_count is None for cell in code)
+    assert [cell.execution_count for cell in code] == list(range(1, len(code) + 1))
+    _check(notebook, path)
 
 
-def test_notebook_runs_and_plots(tmp_path):
-    notebook = nbformat.read(NOTEBOOK, as_version=4)
+def execute(path: Path, workdir: Path):
+    """``path``'s notebook executed from scratch by this interpreter in ``workdir``; raises
+    ``CellExecutionError``, naming the cell, if any cell fails."""
+    notebook = nbformat.read(path, as_version=4)
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+            cell.metadata.pop("execution", None)
     client = nbclient.NotebookClient(
         notebook,
-        km=this_interpreter_kernel(tmp_path),
+        km=this_interpreter_kernel(workdir),
         timeout=300,
-        resources={"metadata": {"path": str(tmp_path)}},
+        record_timing=False,  # no timestamps in committed cells
+        resources={"metadata": {"path": str(workdir)}},
     )
-    client.execute()  # raises CellExecutionError, naming the cell, if any cell fails
+    client.execute()
+    return notebook
 
-    outputs = [output for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs]
-    assert not [o for o in outputs if o.output_type == "error"]
-    assert any("image/png" in o.get("data", {}) for o in outputs), "the plot cell drew nothing"
-    text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
-    assert "round trip exact: True" in text
+
+@pytest.mark.parametrize("path", list(EXPECTED), ids=lambda p: p.stem)
+def test_notebook_runs(tmp_path, path):
+    _check(execute(path, tmp_path), path)
+
+
+if __name__ == "__main__":
+    import sys
+    import tempfile
+
+    for name in sys.argv[1:] or [str(p) for p in EXPECTED]:
+        with tempfile.TemporaryDirectory() as tmp:
+            nbformat.write(execute(Path(name).resolve(), Path(tmp)), name)
+        print("executed", name)
