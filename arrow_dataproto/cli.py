@@ -521,6 +521,8 @@ def _recover(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from .files import open_file
+
     with open_file(args.file) as reader:
         checked = reader.verify()
         print(f"{args.file}: {reader.num_batches} batches, {checked} buffers match their checksums")

@@ -208,7 +208,7 @@ class FileWriter:
     :class:`SchemaMismatchError` naming each difference, and the file is left as it was;
     the batch size and ``meta_info`` may differ from batch to batch. Object columns of
     ``non_tensor_batch`` take their Arrow type from their values (see
-    :mod:`arrow_dataproto.objects`): a column of only ``None`` (or of no rows) adopts the
+    :mod:`arrow_dataproto._objects`): a column of only ``None`` (or of no rows) adopts the
     file's type, but values that give another type (dicts with other keys, ints where
     the file has strings) are refused like any other difference.
 
@@ -1124,7 +1124,7 @@ def read_layout(path: str | os.PathLike, *, row_lengths: bool = True) -> list[Ba
     """
     with open_file(path) as reader:  # validates the magic, the footer and the schema
         fields = [(field.name, *_field_layout(field.type)) for field in reader.schema]
-        schema_metadata = _str_metadata(reader.schema.metadata)
+        schema_metadata = text_metadata(reader.schema.metadata)
     codec_of = {0: "lz4", 1: "zstd"}
     with os.fdopen(open_regular(path), "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
         end = len(data) - len(MAGIC) - 4
