@@ -63,13 +63,20 @@ def _check(label: str, original: DataProto, other: DataProto) -> None:
 
 def _against_rivals(data: DataProto, repeats: int) -> None:
     """verl's pickling modes and ours, measured by ``benchmarks/bench_codec.py`` (a source checkout)."""
-    try:
-        from benchmarks import bench_codec
-    except ImportError:
+    folder = os.path.join(os.getcwd(), "benchmarks")
+    if not os.path.isfile(os.path.join(folder, "bench_codec.py")):
         print("  (run from a source checkout, e.g. `bash scripts/demo.sh`, to compare with verl's pickling)")
         return
+    import runpy
+    import sys
+
+    sys.path.insert(0, folder)  # the benchmark scripts import their siblings (harness, rivals) by name
+    try:
+        bench_codec = runpy.run_path(os.path.join(folder, "bench_codec.py"), run_name="bench_codec")
+    finally:
+        sys.path.remove(folder)
     with contextlib.redirect_stdout(io.StringIO()):  # its progress lines; the table below says it all
-        rows = bench_codec.run([("this batch", lambda: (data.batch, data.non_tensor_batch, data.meta_info))], repeats)
+        rows = bench_codec["run"]([("this batch", lambda: (data.batch, data.non_tensor_batch, data.meta_info))], repeats)
     print(f"  median of {repeats} runs after a warm-up; x = time / ours zero-copy (higher = slower than ours)")
     print(f"  {'path':<34} {'encode ms':>10} {'decode ms':>10} {'encode x':>9} {'decode x':>9}")
     base_encode, base_decode = rows[0][2].median, rows[0][3].median  # ours zero-copy comes first
