@@ -1173,10 +1173,11 @@ def read_layout(path: str | os.PathLike, *, row_lengths: bool = True) -> list[Ba
                 raw[name] = sum(raw_size(o, n) for o, n in own)
                 if row_lengths and list_at is not None:
                     list_node, list_buffer, width = list_at
-                    length = struct.unpack_from("<q", data, nodes_at + 16 * (node + list_node))[0]
+                    # field nodes are in pre-order: the list's own node, then its values' node
+                    length, values = (struct.unpack_from("<q", data, nodes_at + 16 * (node + list_node + k))[0] for k in (0, 1))
                     o, n = own[list_buffer]
                     where = f"{path}: batch {i}: column {name!r}"
-                    lengths[name] = _row_lengths(data, body + o, n, raw_size(o, n), codec, length, width, where)
+                    lengths[name] = _row_lengths(data, body + o, n, raw_size(o, n), codec, length, width, where, values)
                 node += n_field_nodes
                 buffer += n_field_buffers
             metadata = _fb_key_values(message, 4) or schema_metadata  # as FileReader reads it
@@ -1209,8 +1210,11 @@ def _field_layout(t: pa.DataType) -> tuple[int, int, tuple[int, int, int] | None
     raise DecodeError(f"Arrow type {t} is not one arrow-dataproto writes")
 
 
-def _row_lengths(data: mmap.mmap, at: int, stored: int, raw: int, codec: str | None, rows: int, width: int, where: str) -> np.ndarray:
-    """The row lengths of a list column of ``rows`` rows whose offsets buffer is at ``at``."""
+def _row_lengths(
+    data: mmap.mmap, at: int, stored: int, raw: int, codec: str | None, rows: int, width: int, where: str, values: int
+) -> np.ndarray:
+    """The row lengths of a list column of ``rows`` rows whose offsets buffer is at ``at``
+    and whose values array has ``values`` entries (the offsets must stay inside it)."""
     if rows == 0:
         return np.zeros(0, dtype=np.int64)
     need = (rows + 1) * width
@@ -1228,6 +1232,8 @@ def _row_lengths(data: mmap.mmap, at: int, stored: int, raw: int, codec: str | N
     lengths = np.diff(offsets).astype(np.int64)
     if rows and (offsets[0] < 0 or (lengths < 0).any()):
         raise DecodeError(f"{where}: its offsets are not increasing")
+    if rows and offsets[-1] > values:
+        raise DecodeError(f"{where}: its offsets end at {offsets[-1]}, past its {values} values")
     return lengths
 
 
