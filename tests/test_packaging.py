@@ -68,7 +68,7 @@ def test_the_sdist_holds_a_complete_test_tree(built):
     tracked_tests = {str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("*") if p.is_file()
                      and "__pycache__" not in p.parts}
     assert tracked_tests <= names, sorted(tracked_tests - names)
-    for needed in ("LICENSE", "pyproject.toml", "constraints.txt", "benchmarks/fuzz.py", "scripts/make_golden.py",
+    for needed in ("LICENSE", "pyproject.toml", "constraints.txt", "tests/fuzz.py", "tests/golden.py", "SECURITY.md",
                    "notebooks/quickstart.ipynb", "arrow_dataproto/py.typed"):
         assert needed in names
     assert not [n for n in names if "__pycache__" in n or n.startswith(".venv")]
