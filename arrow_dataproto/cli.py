@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pickle
 import shutil
 import subprocess
 import sys
@@ -423,32 +422,6 @@ def _head(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- convert and recover
 
 
-class _VerlDataProto:
-    """Stands in for ``verl.protocol.DataProto`` while unpickling, so verl need not be installed.
-
-    Unpickling sets its ``batch``, ``non_tensor_batch`` and ``meta_info`` from a state
-    verl pickled, through :mod:`arrow_dataproto.integrations.verl` (both of verl's modes).
-    """
-
-    batch: Any
-    non_tensor_batch: dict
-    meta_info: dict
-
-    def __setstate__(self, state: Any) -> None:
-        from .integrations.verl import load_state
-
-        load_state(self, state)
-
-
-class _VerlUnpickler(pickle.Unpickler):
-    """An unpickler that loads ``verl.protocol.DataProto`` as :class:`_VerlDataProto`; all else as usual."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) == ("verl.protocol", "DataProto"):
-            return _VerlDataProto
-        return super().find_class(module, name)
-
-
 def load_pickled_dataproto(path: str | os.PathLike) -> DataProto:
     """A DataProto pickled by verl's ``save_to_disk`` (or ``pickle.dump`` of ours), as our DataProto.
 
@@ -459,15 +432,16 @@ def load_pickled_dataproto(path: str | os.PathLike) -> DataProto:
     """
     from ._container import DataProto
     from .files import open_regular
+    from .integrations.verl import VerlState, unpickle
 
     with os.fdopen(open_regular(path), "rb") as f:  # a FIFO is refused, never read
         try:
-            loaded = _VerlUnpickler(f).load()
+            loaded = unpickle(f)
         except DataProtoError:
             raise
         except Exception as e:  # unpickling can raise anything
             raise DecodeError(f"{path}: cannot unpickle: {e!r}") from e
-    if isinstance(loaded, (DataProto, _VerlDataProto)):
+    if isinstance(loaded, (DataProto, VerlState)):
         return DataProto(loaded.batch, loaded.non_tensor_batch, loaded.meta_info)
     raise DecodeError(f"{path}: the pickle holds a {type(loaded).__name__}, not a DataProto")
 
