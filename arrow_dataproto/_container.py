@@ -21,7 +21,7 @@ import math
 import os
 import pickle
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence, SupportsIndex, cast, overload
 
 import numpy as np
 import torch
@@ -205,14 +205,14 @@ class DataProto:
         the three parts raises :class:`BatchError`."""
         from tensordict import NonTensorData, NonTensorStack
 
-        entries = {} if self.batch is None else dict(self.batch.items())
+        entries: dict[str, Any] = {} if self.batch is None else dict(self.batch.items())
         for part, values in (("non_tensor_batch", self.non_tensor_batch), ("meta_info", self.meta_info)):
             common = set(entries) & set(values)
             if common:
                 raise BatchError(f"keys {sorted(common)} of {part} are already in the TensorDict")
             for key, value in values.items():
                 entries[key] = (
-                    NonTensorStack.from_list([NonTensorData(v) for v in value])
+                    NonTensorStack(*[NonTensorData(v) for v in value])
                     if part == "non_tensor_batch"
                     else NonTensorData(value)
                 )
@@ -253,6 +253,12 @@ class DataProto:
             batch = rows.map_rows(self.batch, lambda t: rows.slice_rows(t, start, stop, shared), stop - start)
         return self._new(batch, {k: v[start:stop] for k, v in self.non_tensor_batch.items()})
 
+    @overload
+    def __getitem__(self, item: int | np.integer) -> "DataProtoItem": ...
+    @overload
+    def __getitem__(self, item: slice | list | range | np.ndarray) -> "DataProto": ...
+    @overload
+    def __getitem__(self, item: Any) -> "DataProto | DataProtoItem": ...
     def __getitem__(self, item: Any) -> "DataProto | DataProtoItem":
         """``int`` -> :class:`DataProtoItem`; ``slice`` -> a view; index list/array/tensor or bool mask -> a copy.
 
@@ -352,11 +358,11 @@ class DataProto:
             merge = _META_INFO_MERGES[meta_info]
         except (KeyError, TypeError):
             raise ArgumentTypeError(f"meta_info must be one of {sorted(_META_INFO_MERGES)}, got {meta_info!r}") from None
-        batches = [d.batch for d in data]
-        if any((b is None) != (batches[0] is None) for b in batches):
+        batches = [d.batch for d in data if d.batch is not None]
+        if len(batches) not in (0, len(data)):
             raise BatchError("cannot concatenate DataProtos with and without a batch")
         try:
-            batch = None if batches[0] is None else rows.cat_rows(batches)
+            batch = rows.cat_rows(batches) if batches else None
         except (ValueError, RuntimeError) as e:
             raise BatchError(str(e)) from e
         keys = list(data[0].non_tensor_batch)
@@ -396,11 +402,11 @@ class DataProto:
         there are non-tensor values). A second dimension not divisible by ``n_split``,
         or a nested value to split, raises :class:`BatchError`.
         """
-        n_split, split_keys = positive_int(n_split, "n_split"), set(split_keys or ())
+        n_split, to_split = positive_int(n_split, "n_split"), set(split_keys or ())
         index = torch.arange(len(self)).repeat_interleave(n_split)
 
         def unfold(key: str, value: Any) -> Any:
-            if key in split_keys:
+            if key in to_split:
                 if is_tensor_collection(value) or getattr(value, "is_nested", False) or value.ndim < 2 or value.shape[1] % n_split:
                     raise BatchError(f"cannot split {key!r} of shape {tuple(value.shape)} into {n_split} along dim 1")
                 return value.reshape(value.shape[0] * n_split, value.shape[1] // n_split, *value.shape[2:])
@@ -444,7 +450,7 @@ class DataProto:
         copy of its rows with every column kind and dtype kept, and this DataProto's
         ``meta_info``. ``len(self)`` must be a multiple of ``mini_batch_size``
         (:class:`BatchError` otherwise)."""
-        from torch.utils.data import DataLoader
+        from torch.utils.data import DataLoader, Dataset
 
         mini_batch_size = positive_int(mini_batch_size, "mini_batch_size")
         if len(self) % mini_batch_size:
@@ -452,8 +458,9 @@ class DataProto:
         if not isinstance(dataloader_kwargs or {}, dict):
             raise BatchError(f"dataloader_kwargs must be a dict, got {type(dataloader_kwargs).__name__}")
         generator = None if seed is None else torch.Generator().manual_seed(seed)
-        loader = DataLoader(
-            range(len(self)), batch_size=mini_batch_size, collate_fn=_TakeRows(self), generator=generator, **(dataloader_kwargs or {})
+        # DataLoader takes any sequence of sample indices; torch types it as its Dataset class
+        loader: DataLoader[int] = DataLoader(
+            cast("Dataset[int]", range(len(self))), batch_size=mini_batch_size, collate_fn=_TakeRows(self), generator=generator, **(dataloader_kwargs or {})
         )
 
         def batches() -> Iterator[DataProto]:
@@ -507,13 +514,16 @@ class DataProto:
         size and device; no batch key gives ``batch=None``.
         """
         batch_keys, non_tensor_keys, meta_keys = list(batch_keys or ()), list(non_tensor_batch_keys or ()), list(meta_info_keys or ())
-        present = {} if self.batch is None else self.batch.keys(include_nested=True)
-        for keys, where, name in ((batch_keys, present, "batch"), (non_tensor_keys, self.non_tensor_batch, "non_tensor_batch"), (meta_keys, self.meta_info, "meta_info")):
-            missing = [k for k in keys if k not in where]
-            if missing:
-                raise KeyNotFoundError(f"{name} keys {missing} not found")
+        missing = {
+            "batch": [k for k in batch_keys if self.batch is None or k not in self.batch.keys(include_nested=True)],
+            "non_tensor_batch": [k for k in non_tensor_keys if k not in self.non_tensor_batch],
+            "meta_info": [k for k in meta_keys if k not in self.meta_info],
+        }
+        for name, absent in missing.items():
+            if absent:
+                raise KeyNotFoundError(f"{name} keys {absent} not found")
         batch = None
-        if batch_keys:
+        if batch_keys and self.batch is not None:  # (not None: the keys were found in it)
             batch = TensorDict({k: self.batch.pop(k) for k in batch_keys}, batch_size=self.batch.batch_size, device=self.batch.device)
         non_tensor = {k: self.non_tensor_batch.pop(k) for k in non_tensor_keys}
         meta_info = {k: self.meta_info.pop(k) for k in meta_keys}
@@ -531,8 +541,9 @@ class DataProto:
         missing = [k for k in old_keys if self.batch is None or k not in self.batch.keys()]
         if missing:
             raise KeyNotFoundError(f"batch keys {missing} not found")
-        for old, new in zip(old_keys, new_keys):
-            self.batch.rename_key_(old, new)
+        if self.batch is not None:  # (None: then there are no keys to rename)
+            for old, new in zip(old_keys, new_keys):
+                self.batch.rename_key_(old, new)
         return self
 
     def union(self, other: "DataProto") -> "DataProto":
@@ -619,7 +630,9 @@ class DataProto:
 
     def print_size(self, prefix: str = "") -> None:
         """Print the bytes of the batch's tensors and of the non-tensor arrays, in GB, as verl's."""
-        tensors = 0 if self.batch is None else sum(_nbytes(t) for t in self.batch.values(include_nested=True, leaves_only=True))
+        tensors = 0 if self.batch is None else sum(
+            _nbytes(t) for t in self.batch.values(include_nested=True, leaves_only=True) if isinstance(t, torch.Tensor)
+        )
         arrays = sum(v.nbytes for v in self.non_tensor_batch.values())
         message = f"Size of tensordict: {tensors / 1024**3} GB, size of non_tensor_batch: {arrays / 1024**3} GB"
         print(f"{prefix}, {message}" if prefix else message)
@@ -643,7 +656,7 @@ class DataProto:
         batch = None if self.batch is None else rows.map_rows(self.batch, torch.clone, self.batch.batch_size[0])
         return type(self)(batch, _copy.deepcopy(self.non_tensor_batch, memo), _copy.deepcopy(self.meta_info, memo))
 
-    def __reduce_ex__(self, protocol: int):
+    def __reduce_ex__(self, protocol: SupportsIndex):
         from .pickling import reduce_dataproto
 
         return reduce_dataproto(self)
@@ -860,7 +873,12 @@ def _balanced(length: int, chunks: int) -> list[int]:
     return [size + (i < extra) for i in range(chunks)]
 
 
-def _same_tensor(a: torch.Tensor | TensorDict, b: torch.Tensor | TensorDict) -> bool:
+def _same_tensor(a: Any, b: Any) -> bool:
+    """Whether two batch values (tensors, dense or nested, or nested TensorDicts) hold equal data.
+
+    Typed ``Any``: TensorDict's classes have dynamic base classes, so no
+    ``isinstance`` check narrows a ``Tensor | TensorDict`` for a type checker.
+    """
     if a is b:
         return True
     if is_tensor_collection(a) or is_tensor_collection(b):  # a nested TensorDict: same keys, same leaves

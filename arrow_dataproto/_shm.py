@@ -175,7 +175,10 @@ def _open_region_file(region: _Region) -> int:
 # ---------------------------------------------------------------- private mappings
 
 
-def _libc():
+def _libc() -> ctypes.CDLL | None:
+    """libc with the prototypes used below; ``None`` off Linux, where nothing is mapped."""
+    if not sys.platform.startswith("linux"):
+        return None
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
@@ -186,7 +189,7 @@ def _libc():
     return libc
 
 
-_LIBC = _libc() if sys.platform.startswith("linux") else None
+_LIBC = _libc()
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _MADV_POPULATE_READ = 22  # Linux 5.14+: fill the page tables with the file's pages, copying nothing
 
@@ -210,6 +213,7 @@ class _Releaser:
             try:
                 threading.Thread(target=self._run, args=(work,), name="adp-unmap", daemon=True).start()
             except RuntimeError:  # the interpreter is shutting down: no new threads
+                assert _LIBC is not None  # a mapping exists, so libc was loaded
                 _LIBC.munmap(address, length)
                 return
             self.pid, self.queue = os.getpid(), work
@@ -217,6 +221,7 @@ class _Releaser:
 
     @staticmethod
     def _run(work: queue.SimpleQueue) -> None:
+        assert _LIBC is not None  # only started for a mapping, so libc was loaded
         munmap = _LIBC.munmap
         while True:
             address, length, sources = work.get()
@@ -240,6 +245,8 @@ class _PrivateMapping:
     __slots__ = ("address", "length", "sources")
 
     def __init__(self, fd: int, file_offset: int, length: int, sources: list[pa.Buffer]):
+        if _LIBC is None:
+            raise OSError(f"copy-on-write mapping needs Linux (this is {sys.platform})")
         address = _LIBC.mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE, fd, file_offset)
         if address in (None, _MAP_FAILED):
             errno = ctypes.get_errno()

@@ -26,8 +26,8 @@ import contextlib
 import contextvars
 import logging
 import os
-from dataclasses import dataclass, replace
-from typing import Literal, NamedTuple, Union
+from dataclasses import dataclass
+from typing import Final, Literal, NamedTuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -37,7 +37,7 @@ from . import _shm
 from ._codec import record_batch_of
 from .errors import DecodeError, column_error
 
-ON_WRITE = "on_write"
+ON_WRITE: Final = "on_write"
 Copy = Union[bool, Literal["on_write"]]
 
 
@@ -78,7 +78,7 @@ _COPY_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "fa
 
 def _from_environment() -> ReceiveOptions:
     word = os.environ.get("ARROW_DATAPROTO_COPY", ON_WRITE).strip().lower().replace("-", "_")
-    copy = ON_WRITE if word == ON_WRITE else _COPY_WORDS.get(word)
+    copy: Copy | None = ON_WRITE if word == ON_WRITE else _COPY_WORDS.get(word)
     if copy is None:
         logging.getLogger("arrow_dataproto").warning(
             "ARROW_DATAPROTO_COPY=%r is not one of on_write, 1, 0: using on_write", word
@@ -91,6 +91,14 @@ _process_default = _from_environment()
 _current: contextvars.ContextVar[ReceiveOptions | None] = contextvars.ContextVar("arrow_dataproto_receive", default=None)
 
 
+def _changed(options: ReceiveOptions, copy: Copy | None, device: str | None) -> ReceiveOptions:
+    """``options`` with the arguments that are not ``None`` in place of its own (validated again)."""
+    return ReceiveOptions(
+        copy=options.copy if copy is None else copy,
+        device=options.device if device is None else device,
+    )
+
+
 def get_receive_options() -> ReceiveOptions:
     """The options in force here: the innermost :func:`receive_options`, else the process default."""
     return _current.get() or _process_default
@@ -99,8 +107,7 @@ def get_receive_options() -> ReceiveOptions:
 def set_receive_options(*, copy: Copy | None = None, device: str | None = None) -> ReceiveOptions:
     """Change the process-wide default (arguments left ``None`` keep their value); returns the new default."""
     global _process_default
-    changes = {k: v for k, v in (("copy", copy), ("device", device)) if v is not None}
-    _process_default = replace(_process_default, **changes)
+    _process_default = _changed(_process_default, copy, device)
     return _process_default
 
 
@@ -111,8 +118,7 @@ def receive_options(*, copy: Copy | None = None, device: str | None = None):
     >>> with receive_options(copy=False):
     ...     batch = ray.get(ref)      # tensors view the object store: read-only contract
     """
-    changes = {k: v for k, v in (("copy", copy), ("device", device)) if v is not None}
-    token = _current.set(replace(get_receive_options(), **changes))
+    token = _current.set(_changed(get_receive_options(), copy, device))
     try:
         yield
     finally:

@@ -53,7 +53,7 @@ Ray is an optional dependency, imported when a function here is first called.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, SupportsIndex
 
 from .errors import DataProtoError
 from ._container import DataProto
@@ -92,7 +92,7 @@ class Parcel:
         """The data's pieces (a DataProto's :meth:`~DataProto.array_split`), each with these options."""
         return [Parcel(piece, copy=self.copy, device=self.device) for piece in _split(self.data, chunks)]
 
-    def __reduce_ex__(self, protocol: int):
+    def __reduce_ex__(self, protocol: SupportsIndex):
         from ._codec import to_arrow
 
         return _unpack, (self.copy, self.device, *batch_state(to_arrow(self.data)))
@@ -101,7 +101,7 @@ class Parcel:
         return f"Parcel({self.data!r}, copy={self.copy}, device={self.device!r})"
 
 
-def _unpack(copy: bool | None, device: str | None, schema_bytes: bytes, num_rows: int, columns: list) -> DataProto:
+def _unpack(copy: Copy | None, device: str | None, schema_bytes: bytes, num_rows: int, columns: list) -> DataProto:
     with receive_options(copy=copy, device=device):
         return rebuild_dataproto(schema_bytes, num_rows, columns)
 
@@ -146,10 +146,11 @@ def _library_error(error: BaseException) -> DataProtoError | None:
     fails to unpickle as ``RaySystemError`` (``client_exc``: the error raised),
     and a task whose argument fails to unpickle as ``RayTaskError`` (``cause``:
     that ``RaySystemError``)."""
+    found: object = error
     for _ in range(3):
-        if isinstance(error, DataProtoError):
-            return error
-        error = getattr(error, "client_exc", None) or getattr(error, "cause", None)
+        if isinstance(found, DataProtoError):
+            return found
+        found = getattr(found, "client_exc", None) or getattr(found, "cause", None)
     return None
 
 

@@ -204,7 +204,7 @@ def serialize_tensordict(batch: TensorDict) -> tuple[tuple[int, ...], str | None
     (:class:`ArgumentTypeError`)."""
     items: dict[str, tuple] = {}
     for key, value in batch.items():
-        if is_tensor_collection(value):
+        if not isinstance(value, torch.Tensor):
             raise ArgumentTypeError(f"{key!r}: verl's numpy format has no nested TensorDicts")
         if value.is_nested:
             items[key] = (str(value.layout).removeprefix("torch."), [serialize_single_tensor(row) for row in value.unbind()])

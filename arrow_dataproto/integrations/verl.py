@@ -110,10 +110,8 @@ def install(cls: type | None = None) -> type:
     cls = verl_dataproto_class() if cls is None else cls
     if cls not in _originals:
         _originals[cls] = {name: cls.__dict__.get(name, _ABSENT) for name in _PATCHED}
-        cls.__reduce_ex__ = _reduce_ex
-        cls.__setstate__ = load_state
-        cls.__copy__ = _copy
-        cls.__deepcopy__ = _deepcopy
+        for name, method in zip(_PATCHED, (_reduce_ex, load_state, _copy, _deepcopy)):
+            setattr(cls, name, method)
     return cls
 
 
@@ -148,9 +146,9 @@ def install_from_env() -> bool:
     return True
 
 
-def _new(cls: type, batch: Any, non_tensor_batch: dict, meta_info: dict) -> Any:
+def _new(cls: type[object], batch: Any, non_tensor_batch: dict, meta_info: dict) -> Any:
     """An instance of ``cls`` holding the three fields, set as unpickling sets them (no constructor checks)."""
-    obj = cls.__new__(cls)
+    obj: Any = cls.__new__(cls)  # verl's DataProto, untyped here
     obj.batch, obj.non_tensor_batch, obj.meta_info = batch, non_tensor_batch, meta_info
     return obj
 

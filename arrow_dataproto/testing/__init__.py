@@ -100,7 +100,8 @@ def assert_td_equal(a: TensorDict, b: TensorDict, prefix: str = "") -> None:
     """Same keys in the same order, batch size, device type and bit-equal leaves, recursively."""
     assert list(a.keys()) == list(b.keys()), (prefix, list(a.keys()), list(b.keys()))
     assert a.batch_size == b.batch_size, (prefix, a.batch_size, b.batch_size)
-    assert (a.device is None) == (b.device is None) and (a.device is None or a.device.type == b.device.type)
+    device_types = [None if td.device is None else td.device.type for td in (a, b)]
+    assert device_types[0] == device_types[1], (prefix, a.device, b.device)
     for key in a.keys():
         if is_tensor_collection(a[key]):
             assert_td_equal(a[key], b[key], f"{prefix}{key}.")
