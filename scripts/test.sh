@@ -8,6 +8,9 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh main
 # Import rules (pyproject.toml [tool.importlinter]): layers without cycles, no private names across modules.
 PYTHONPATH=.:tests .venv/bin/lint-imports
+# Types (pyproject.toml [tool.mypy]), in this venv only: tensordict 0.10 of .venv-compat ships no
+# type information, so there every tensordict type is Any and mypy would check strictly less.
+.venv/bin/mypy
 .venv/bin/python -m pytest "$@"
 if [ "${ADP_SKIP_COMPAT:-0}" != 1 ]; then
     bash scripts/setup.sh compat
