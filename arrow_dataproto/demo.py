@@ -106,7 +106,7 @@ def _ray_round_trip(data: DataProto, tensor_bytes: int, repeats: int) -> None:
              logging_level=logging.ERROR)
     _note("ray.init (once)", f"{1e3 * (time.perf_counter() - start):.0f} ms")
     try:
-        learner = Learner.remote()  # type: ignore[attr-defined]
+        learner = Learner.remote()  # type: ignore[attr-defined]  # ray's stubs type a @ray.remote class as the plain class
         ref = _timed("ray.put (one copy into the object store)", repeats, lambda: ray.put(data))
         result = _timed("actor.update(ref), ray.get of its result", repeats,
                         lambda: ray.get(learner.update.remote(ref)))
@@ -115,7 +115,11 @@ def _ray_round_trip(data: DataProto, tensor_bytes: int, repeats: int) -> None:
             _timed("ray.get(ref) with copy=True (private copies)", repeats, lambda: ray.get(ref))
         with receive_options(copy=False):
             _timed("ray.get(ref) zero-copy (read-only views)", repeats, lambda: ray.get(ref))
-        ok = torch.equal(result.batch["advantages"], data.batch["advantages"] * 2)  # type: ignore[index]
+        ok = (
+            result.batch is not None
+            and data.batch is not None
+            and torch.equal(result.batch["advantages"], data.batch["advantages"] * 2)
+        )
         ok = ok and bool((result.non_tensor_batch["uid"] == data.non_tensor_batch["uid"]).all())
         _note("actor saw and returned exact data", "yes" if ok else "NO")
         if not ok:
