@@ -33,6 +33,7 @@ A batch Ray hands to ``map_batches`` may be part of a block, or span several;
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Iterable
 
@@ -79,7 +80,7 @@ class DataProtoDatasource(Datasource):
                 for i, rows in enumerate(file.batch_rows)
             ]
         self._projection_map = None
-        self._options = {"max_decoded_bytes": max_decoded_bytes, "verify": verify}
+        self._max_decoded_bytes, self._verify = max_decoded_bytes, verify
 
     @property
     def num_batches(self) -> int:
@@ -100,16 +101,16 @@ class DataProtoDatasource(Datasource):
         return [name for name in self._selected if name in set(projected)]
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None) -> list[ReadTask]:
-        columns, options = self._read_columns(), self._options
+        columns, max_decoded_bytes, verify = self._read_columns(), self._max_decoded_bytes, self._verify
 
         def read(path: str, i: int) -> list[pa.Table]:
-            with open_file(path, **options) as reader:
+            with open_file(path, max_decoded_bytes=max_decoded_bytes, verify=verify) as reader:
                 return [pa.Table.from_batches([reader.read_arrow(i, columns)])]
 
         return [
             ReadTask(
-                lambda path=path, i=i: read(path, i),
-                BlockMetadata(num_rows=rows, size_bytes=size, input_files=[path], exec_stats=None),
+                functools.partial(read, path, i),
+                BlockMetadata(num_rows=rows, size_bytes=size, input_files=(path,), exec_stats=None),
                 per_task_row_limit=per_task_row_limit,
             )
             for path, i, rows, size in self._batches
