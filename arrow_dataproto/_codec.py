@@ -27,7 +27,7 @@ import pyarrow as pa
 import torch
 from tensordict import TensorDict, is_non_tensor, is_tensor_collection
 
-from . import _jagged, _limits, _objects
+from . import _jagged, _limits, _objects, _portable
 from ._format import (
     COMPRESSIONS,
     FORMAT,
@@ -93,13 +93,20 @@ def _utf8_only(name: str) -> Iterator[None]:
         raise column_error(EncodeError, name, f"text that is not valid UTF-8 ({e.reason}: {e.object[e.start:e.end]!r})") from None
 
 
-def to_arrow(data: Any) -> pa.RecordBatch:
+def to_arrow(data: Any, *, portable: bool = False) -> pa.RecordBatch:
     """Encode a DataProto (ours or verl's) or a bare TensorDict as a RecordBatch.
 
     Zero-copy: contiguous CPU tensors are exported as views of their memory (the
     RecordBatch keeps them alive, and shows later in-place writes). A slice of a
     larger tensor exports only its own rows. Non-contiguous or off-CPU tensors
     are copied once. Raises :class:`EncodeError` for unsupported content.
+
+    ``portable=True`` gives the portable view instead (``docs/format.md``): plain Arrow
+    types that pandas, polars, DuckDB and HF ``datasets`` read as values (bfloat16,
+    float16 and float8 widened to float32, bools as Arrow bools, tensors as nested
+    fixed-size lists, JSON as strings). It copies the columns whose values change (a
+    widened column takes twice or four times the memory); :func:`from_arrow` and every
+    reader give the DataProto back bit-exact from either form.
     """
     batch, non_tensor, meta_info = parts_of(data)
     columns: list[tuple[str, Any]] = []
@@ -140,7 +147,8 @@ def to_arrow(data: Any) -> pa.RecordBatch:
     if batch is not None and rows and rows != {batch.batch_size[0]}:
         raise EncodeError(f"non_tensor_batch has {sorted(rows)} rows, the batch {batch.batch_size[0]}")
     num_rows = batch.batch_size[0] if batch is not None else (rows.pop() if rows else 0)
-    return record_batch_of(arrays, pa.schema(fields, metadata=metadata), num_rows)
+    record_batch = record_batch_of(arrays, pa.schema(fields, metadata=metadata), num_rows)
+    return _portable.to_portable(record_batch) if portable else record_batch
 
 
 def record_batch_of(arrays: list[pa.Array], schema: pa.Schema, num_rows: int) -> pa.RecordBatch:
@@ -321,6 +329,7 @@ def decode(
     if len(set(names)) != len(names):
         raise DecodeError(f"duplicate column names {sorted({n for n in names if names.count(n) > 1})[:20]}")
     validate_arrow(record_batch)
+    record_batch = _portable.from_portable(record_batch)  # a portable batch: back to the stored types
     placement = Placement(device)
     fields = record_batch.schema
 

@@ -49,6 +49,9 @@ COMPRESSION = "adp.compression"
 """File footer metadata key: ``"none"``, ``"lz4"`` or ``"zstd"``."""
 CHECKSUMS = "adp.checksums"
 """Per-batch metadata of a file written with checksums: digests of each column's buffers."""
+PORTABLE = "adp.portable"
+"""Schema metadata of a portable RecordBatch (since 1.2): ``"true"``; its columns use the
+plain Arrow types of the portable view (``_portable``), read back through the field metadata."""
 PER_BATCH = (BATCH_SIZE, TREE, META_INFO, META_INFO_ENCODING, CHECKSUMS)
 """Schema metadata keys whose values may differ from batch to batch of one file."""
 

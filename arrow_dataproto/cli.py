@@ -4,7 +4,7 @@
 
     arrow-dataproto inspect FILE [--stats] [--json]  rows, batches, meta_info, columns, sizes, row lengths
     arrow-dataproto head FILE [-n N] [--start S] [--columns C ...] [--allow-pickle]
-    arrow-dataproto convert IN OUT [--allow-pickle] [--compression C]
+    arrow-dataproto convert IN OUT [--allow-pickle] [--compression C] [--portable] [--stream]
     arrow-dataproto recover IN OUT [--compression C]
     arrow-dataproto verify FILE                     every buffer against the checksums written with it
     arrow-dataproto bench [NAME ...] [--quick] [--list] [--dir DIR]
@@ -473,13 +473,14 @@ def _convert(args: argparse.Namespace) -> int:
                 compression = None if reader.compression == "unknown" else reader.compression
         else:
             compression = _compression(args.compression)
-        copy_file(args.input, args.output, compression=compression)
+        copy_file(args.input, args.output, compression=compression, portable=args.portable, stream=args.stream)
     elif not start.startswith(b"\x80"):
         raise DecodeError(f"{args.input}: neither an Arrow file nor a pickle")
     elif not args.allow_pickle:
         raise PickleNotAllowedError(f"{args.input} is a Python pickle: loading it runs code the file names")
     else:
-        write_file(args.output, load_pickled_dataproto(args.input), compression=_compression(args.compression))
+        write_file(args.output, load_pickled_dataproto(args.input), compression=_compression(args.compression),
+                   portable=args.portable, stream=args.stream)
     _report_written(args.input, args.output)
     return 0
 
@@ -605,6 +606,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-pickle", action="store_true", help="allow unpickling IN (only for a file you trust)")
     p.add_argument("--compression", choices=compressions,
                    help="compression of OUT (default: IN's for an Arrow file, none for a pickle)")
+    p.add_argument("--portable", action="store_true",
+                   help="write the portable view: plain Arrow types (bf16/fp8 as float32, bools, nested lists) that "
+                   "pandas, polars, DuckDB and HF datasets read as values; reads back bit-exact (default: the stored "
+                   "types, also for a portable IN)")
+    p.add_argument("--stream", action="store_true",
+                   help="write an Arrow IPC stream file (what datasets.Dataset.from_file opens) instead of an IPC file")
     p.set_defaults(run=_convert)
 
     p = commands.add_parser("recover", help="copy the complete batches of an unfinished file",

@@ -59,7 +59,7 @@ import pyarrow as pa
 import torch
 from tensordict import is_tensor_collection
 
-from . import _checksum, _limits
+from . import _checksum, _limits, _portable
 from ._codec import decode, to_arrow, validate_arrow
 from .errors import (
     DataProtoError,
@@ -220,6 +220,15 @@ class FileWriter:
     partial file behind: :func:`recover_file` reads its complete batches. A writer closed without any batch
     writes a valid file with no columns and no batches.
 
+    ``portable=True`` writes the portable view of each batch (see
+    :func:`~arrow_dataproto.to_arrow`: plain Arrow types that pandas, polars, DuckDB and HF
+    ``datasets`` read as values; the widened columns are copies); the readers of this
+    module give the DataProtos back bit-exact from either form. ``stream=True`` writes an
+    Arrow IPC *stream* file (no footer, no ``ARROW1`` magic) instead of an IPC file: what
+    ``datasets.Dataset.from_file`` and ``pyarrow.ipc.open_stream`` open; it cannot record
+    the compression in a footer (each batch's message header says it) nor be recovered
+    by :func:`recover_file`, which needs the file format.
+
     ``progress=True`` shows the bytes written (tqdm, if installed). ``checksums=True``
     records a digest of every buffer of every batch (xxHash3; see
     :mod:`arrow_dataproto._checksum`, needs ``xxhash``), which ``open_file(verify=True)``,
@@ -238,6 +247,8 @@ class FileWriter:
         compression: str | None = None,
         progress: bool = False,
         checksums: bool = False,
+        portable: bool = False,
+        stream: bool = False,
     ):
         if compression not in COMPRESSIONS:
             raise EncodeError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
@@ -255,12 +266,16 @@ class FileWriter:
         self._failed: str | None = None
         self._fields: dict[str, pa.Field] = {}
         self.checksums = checksums
+        self.portable = portable
+        self.stream = stream
 
     def write(self, data: Any) -> None:
         """Append one DataProto (ours or verl's) or TensorDict as the next batch."""
-        self._write(to_arrow(data))
+        self._write(to_arrow(data, portable=self.portable))
 
     def _write(self, batch: pa.RecordBatch) -> None:
+        """Append a RecordBatch of ours, in the form this writer writes (portable or stored)."""
+        batch = _portable.to_portable(batch) if self.portable else _portable.from_portable(batch)
         if self._failed:
             raise EncodeError(self._failed)
         if self._done:
@@ -313,8 +328,11 @@ class FileWriter:
     def _start(self, schema: pa.Schema) -> pa.ipc.RecordBatchFileWriter:
         self._schema = schema
         self._fields = dict(zip(schema.names, schema))
-        footer = {COMPRESSION: self.compression or "none"}
-        self._writer = pa.ipc.new_file(self._sink, schema, options=self._options, metadata=footer)
+        if self.stream:
+            self._writer = pa.ipc.new_stream(self._sink, schema, options=self._options)
+        else:
+            footer = {COMPRESSION: self.compression or "none"}
+            self._writer = pa.ipc.new_file(self._sink, schema, options=self._options, metadata=footer)
         return self._writer
 
     def close(self) -> None:
@@ -334,7 +352,7 @@ class FileWriter:
         if self._done:
             return
         try:
-            writer = self._writer or self._start(to_arrow(DataProto()).schema)
+            writer = self._writer or self._start(to_arrow(DataProto(), portable=self.portable).schema)
             writer.close()
             self._sink.close()
             os.replace(self._partial, self.path)
@@ -402,14 +420,18 @@ def write_file(
     compression: str | None = None,
     progress: bool = False,
     checksums: bool = False,
+    portable: bool = False,
+    stream: bool = False,
 ) -> None:
     """Write a DataProto, or an iterable of DataProtos with the same columns, to an Arrow IPC file.
 
     One record batch per DataProto; see :class:`FileWriter` for what is copied, the
-    errors, how ``path`` is replaced and ``checksums``. ``compression``: ``None``,
+    errors, how ``path`` is replaced, ``checksums``, ``portable`` (the portable view, for
+    other tools) and ``stream`` (an IPC stream file). ``compression``: ``None``,
     ``"lz4"`` or ``"zstd"``.
     """
-    with FileWriter(path, compression=compression, progress=progress, checksums=checksums) as writer:
+    options = dict(compression=compression, progress=progress, checksums=checksums, portable=portable, stream=stream)
+    with FileWriter(path, **options) as writer:
         for item in _as_batches(data):
             writer.write(item)
 
@@ -971,10 +993,11 @@ def open_dataset(paths: str | os.PathLike | Iterable[str | os.PathLike], **optio
 # ---------------------------------------------------------------- copying and recovery
 
 
-def _write_all(batches: Iterable[tuple[pa.RecordBatch, dict[str, str]]], out: str | os.PathLike, compression: str | None) -> FileWriter:
+def _write_all(batches: Iterable[tuple[pa.RecordBatch, dict[str, str]]], out: str | os.PathLike, compression: str | None, **options: bool) -> FileWriter:
     """Write ``(batch, schema metadata)`` pairs as they are (nothing decoded) into a new file ``out``;
-    on an error the partial file is deleted and ``out`` left as it was. Returns the closed writer."""
-    writer = FileWriter(out, compression=compression)
+    on an error the partial file is deleted and ``out`` left as it was. Returns the closed writer.
+    ``options``: ``portable`` and ``stream`` of :class:`FileWriter`."""
+    writer = FileWriter(out, compression=compression, **options)
     try:
         for batch, metadata in batches:
             writer._write(batch.replace_schema_metadata(metadata))
@@ -990,18 +1013,22 @@ def copy_file(
     *,
     compression: str | None = None,
     max_decoded_bytes: int | str | None = "auto",
+    portable: bool = False,
+    stream: bool = False,
 ) -> int:
     """Copy a complete file batch by batch into ``out`` with another ``compression``; returns
     the batch count.
 
     Works on the Arrow data: nothing is decoded, so pickled columns are copied without
     being unpickled (each batch still passes Arrow's full validation first). ``out`` may be
-    ``path`` itself. Errors and ``max_decoded_bytes`` as in :func:`open_file`; for a file
-    whose writer did not finish, see :func:`recover_file`.
+    ``path`` itself. ``portable`` and ``stream`` choose the form of ``out`` as in
+    :class:`FileWriter` (a portable file copied without ``portable=True`` gets its stored
+    types back, exactly). Errors and ``max_decoded_bytes`` as in :func:`open_file`; for a
+    file whose writer did not finish, see :func:`recover_file`.
     """
     with open_file(path, max_decoded_bytes=max_decoded_bytes) as reader:
         batches = (reader._read([i], None)[0] for i in range(reader.num_batches))
-        writer = _write_all(batches, out, compression)
+        writer = _write_all(batches, out, compression, portable=portable, stream=stream)
     writer.close()
     return writer.num_batches
 
