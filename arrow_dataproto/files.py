@@ -30,7 +30,16 @@ page past the new end of the file kills the process (``SIGBUS``). This module
 never does: a writer writes ``PATH.<random>.partial`` and renames it over
 ``PATH`` when closed, which leaves open readers on the old file.
 
-Errors: a file that is not ours, truncated or corrupt raises
+The readers also open any other Arrow IPC file, and IPC *stream* files (no ``ARROW1``
+magic: HF ``datasets``' cache files, ``polars.write_ipc_stream``, :func:`~arrow_dataproto.to_ipc`
+written to disk), memory-mapped the same way. A stream has no footer: opening one reads its
+message headers once (nothing is decompressed) to find each batch, which is then read by
+index (zero-copy if uncompressed; a stream with dictionary batches is read in order up to
+the batch asked for). Another tool's columns are read by the rule of
+:func:`~arrow_dataproto.from_arrow` (``docs/format.md``, "Reading tables of other tools");
+``read_all``/``read_rows`` read its batches as one table.
+
+Errors: a file that is not Arrow (or names another format), truncated or corrupt raises
 :class:`~arrow_dataproto.errors.DecodeError` (never a raw pyarrow error). Arrow
 files carry no checksum: a flipped bit in tensor values reads back unnoticed
 unless the file was written with ``checksums=True`` and is read with
@@ -97,6 +106,7 @@ __all__ = [
     "FileReader",
     "FileWriter",
     "copy_file",
+    "layout_readable",
     "open_dataset",
     "open_file",
     "read_file",
@@ -684,7 +694,7 @@ class _Reader:
 def _describe_start(head: bytes) -> str:
     """Why a file that does not start with the Arrow magic is not one of ours, with a hint."""
     if head.startswith(b"\xff\xff\xff\xff"):
-        return "an Arrow IPC stream, not an Arrow IPC file (read streams with from_ipc)"
+        return "an Arrow IPC stream, not an Arrow IPC file (open_file reads it; recovery needs a file)"
     if head.startswith(b"\x80"):
         return (
             "a Python pickle (verl's DataProto.save_to_disk writes these); if you trust it, "
@@ -820,7 +830,12 @@ def _first_codec(data: pa.Buffer, stream: _StreamIndex | None) -> str:
 
 
 class FileReader(_Reader):
-    """An Arrow IPC file of DataProto batches, open for reading; made by :func:`open_file`."""
+    """An Arrow IPC file of DataProto batches, open for reading; made by :func:`open_file`.
+
+    ``stream`` says whether it is an IPC stream file (no footer), ``foreign`` whether it is
+    another tool's (no ``adp.*`` schema metadata: read by the rule of
+    :func:`~arrow_dataproto.from_arrow`).
+    """
 
     def __init__(
         self,
@@ -844,6 +859,7 @@ class FileReader(_Reader):
             self.schema = reader.schema
             self._num_batches = reader.num_record_batches
             footer = text_metadata(reader.metadata)
+            self.stream = self._stream is not None
             self.foreign = _foreign.is_foreign(self.schema)
             if not self.foreign:
                 check_schema(self.schema)
@@ -979,7 +995,9 @@ def open_file(
     max_decoded_bytes: int | str | None = "auto",
     verify: bool = False,
 ) -> FileReader:
-    """Open an Arrow IPC file written by :func:`write_file` / :class:`FileWriter`.
+    """Open an Arrow IPC file written by :func:`write_file` / :class:`FileWriter`, or any
+    other Arrow IPC file or IPC stream file (see the module docstring; another tool's
+    columns are read by the rule of :func:`~arrow_dataproto.from_arrow`).
 
     Reads only the footer; batches are read on demand, memory-mapped (see the module
     docstring: zero-copy, copy-on-write, each read call its own mapping). The reader has
@@ -1004,7 +1022,7 @@ def open_file(
     them); opening stays O(1) either way.
 
     Raises ``FileNotFoundError``/``OSError`` as ``open`` does, :class:`DecodeError` for
-    a file that is not an arrow-dataproto Arrow file, truncated or corrupt, and
+    a file that is not Arrow (or whose schema names another format), truncated or corrupt, and
     :class:`FormatVersionError` for an incompatible format version.
     """
     return FileReader(
@@ -1335,6 +1353,17 @@ def read_layout(path: str | os.PathLike, *, row_lengths: bool = True) -> list[Ba
             metadata = _fb_key_values(message, 4) or schema_metadata  # as FileReader reads it
             layouts.append(BatchLayout(rows, codec, metadata, stored, raw, lengths))
     return layouts
+
+
+def layout_readable(t: pa.DataType) -> bool:
+    """Whether :func:`read_layout` can size a column of Arrow type ``t`` from the IPC
+    metadata alone (every type this library writes; not the view types of other tools,
+    whose buffer count varies from batch to batch)."""
+    try:
+        _field_layout(t)
+        return True
+    except DecodeError:
+        return False
 
 
 def _field_layout(t: pa.DataType) -> tuple[int, int, tuple[int, int, int] | None]:
