@@ -311,6 +311,21 @@ def _narrowed(record_batch: pa.RecordBatch, columns: Iterable[str] | None, rows:
     return record_batch
 
 
+def _present(record_batch: pa.RecordBatch, tree: Node) -> tuple[pa.RecordBatch, Node]:
+    """The tree of the columns present, their leaves first: what another tool left of our
+    table after selecting or reordering its columns (``pyarrow.dataset``'s ``columns=``)."""
+    names = record_batch.schema.names
+    present = set(names)
+    if not present.issuperset(tree.leaf_names()):
+        tree = tree.select(present)
+    leaves = tree.leaf_names()
+    if names[: len(leaves)] != leaves:
+        position = {n: i for i, n in enumerate(names)}
+        chosen = set(leaves)
+        record_batch = record_batch.select([position[n] for n in leaves] + [i for i, n in enumerate(names) if n not in chosen])
+    return record_batch, tree
+
+
 def decode(
     record_batch: pa.RecordBatch,
     *,
@@ -328,7 +343,8 @@ def decode(
     :func:`~arrow_dataproto._format.resolve_columns`; the batch may already hold only them); ``rows``: only rows ``start:stop`` (a zero-copy slice);
     ``meta_info=False``: leave ``meta_info`` empty, decoding none of it. The first batch
     dimension of every TensorDict of the tree is the number of rows present (a filtered,
-    sliced or concatenated table decodes). Other arguments, copies and errors as in
+    sliced or concatenated table decodes), and the tree holds the columns present, in any
+    order (another tool's projection). Other arguments, copies and errors as in
     :func:`arrow_dataproto.from_arrow`.
     """
     if not isinstance(record_batch, pa.RecordBatch):
@@ -349,6 +365,9 @@ def decode(
 
     leaf_names = [] if tree is None else tree.leaf_names()
     names = record_batch.schema.names
+    if tree is not None and columns is None and len(set(names)) == len(names):
+        record_batch, tree = _present(record_batch, tree)
+        leaf_names, names = tree.leaf_names(), record_batch.schema.names
     if len(leaf_names) > record_batch.num_columns:
         raise DecodeError(f"the tree names {len(leaf_names)} tensor columns, the batch has {record_batch.num_columns}")
     if names[: len(leaf_names)] != leaf_names:

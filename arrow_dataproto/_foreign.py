@@ -209,14 +209,13 @@ def _fixed_shape_tensor(name: str, array: pa.Array) -> tuple[pa.Array, TensorSpe
     kind = array.type
     if kind.value_type not in _NUMERIC:
         return None
-    shape = list(kind.shape)
     _no_nulls(name, array, "rows")
     permutation = kind.permutation
     if permutation is None or list(permutation) == sorted(permutation):
-        flat = array.storage.flatten()
-    else:  # stored in another dimension order: made row-major (a copy)
-        flat = pa.array(np.ascontiguousarray(array.to_numpy_ndarray()).reshape(-1))
-    return _dense(name, flat, shape, len(array))
+        return _dense(name, array.storage.flatten(), list(kind.shape), len(array))
+    # stored in another dimension order: made row-major in the logical shape (a copy)
+    logical = np.ascontiguousarray(array.to_numpy_ndarray())
+    return _dense(name, pa.array(logical.reshape(-1)), list(logical.shape[1:]), len(array))
 
 
 def _ray_tensor(name: str, array: pa.Array, kind: pa.DataType, meta: dict[str, str]) -> tuple[pa.Array, TensorSpec] | None:
