@@ -147,10 +147,16 @@ def describe(path: str | os.PathLike, *, stats: bool = False) -> dict:
     NaN count, which decodes every numeric column (one batch of one column at a time).
     """
     from ._format import VERSION, check_schema
-    from .files import open_file, read_layout
+    from .files import BatchLayout, layout_readable, open_file, read_layout
 
-    layout = read_layout(path)
     with open_file(path) as reader:
+        if not reader.stream and (not reader.foreign or all(layout_readable(field.type) for field in reader.schema)):
+            layout = read_layout(path)
+            raw = {name: sum(b.raw_bytes[name] for b in layout) for name in reader.columns}
+            stored = {name: sum(b.stored_bytes[name] for b in layout) for name in reader.columns}
+        else:  # a stream (no footer) or another tool's view types: sized by reading the batches
+            layout = [BatchLayout(rows, reader.compression, {}, {}, {}, {}) for rows in reader.batch_rows]
+            raw = stored = reader.column_nbytes()
         infos = reader.column_info()
         columns = []
         for c in infos:
@@ -160,8 +166,8 @@ def describe(path: str | os.PathLike, *, stats: bool = False) -> dict:
                 "dtype": c.dtype,
                 "shape": c.shape,
                 "device": c.device,
-                "bytes": sum(batch.raw_bytes[c.name] for batch in layout),
-                "stored_bytes": sum(batch.stored_bytes[c.name] for batch in layout),
+                "bytes": raw[c.name],
+                "stored_bytes": stored[c.name],
                 "row_lengths": _lengths_summary([b.row_lengths[c.name] for b in layout if c.name in b.row_lengths]),
             }
             if stats:
@@ -170,7 +176,7 @@ def describe(path: str | os.PathLike, *, stats: bool = False) -> dict:
         info = {
             "path": str(path),
             "file_bytes": reader.file_size,
-            "format_version": check_schema(reader.schema)[VERSION],
+            "format_version": None if reader.foreign else check_schema(reader.schema)[VERSION],
             "compression": reader.compression or "none",
             "rows": sum(b.rows for b in layout),
             "batches": len(layout),
@@ -208,7 +214,8 @@ def _print_description(info: dict, most_batches: int = 8) -> None:
         f"  {_count(info['rows'], 'row')} in {_count(info['batches'], 'batch')} ({sizes}); "
         f"{_size(info['file_bytes'])} on disk"
         + (f" ({_size(raw_total)} uncompressed)" if compressed else "")
-        + f", compression {info['compression']}, format {info['format_version']}"
+        + f", compression {info['compression']}, "
+        + (f"format {info['format_version']}" if info["format_version"] else "another tool's file (no arrow-dataproto metadata)")
     )
     meta = info["meta_info"]
     if meta["encoding"] == "pickle":

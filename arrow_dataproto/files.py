@@ -30,7 +30,16 @@ page past the new end of the file kills the process (``SIGBUS``). This module
 never does: a writer writes ``PATH.<random>.partial`` and renames it over
 ``PATH`` when closed, which leaves open readers on the old file.
 
-Errors: a file that is not ours, truncated or corrupt raises
+The readers also open any other Arrow IPC file, and IPC *stream* files (no ``ARROW1``
+magic: HF ``datasets``' cache files, ``polars.write_ipc_stream``, :func:`~arrow_dataproto.to_ipc`
+written to disk), memory-mapped the same way. A stream has no footer: opening one reads its
+message headers once (nothing is decompressed) to find each batch, which is then read by
+index (zero-copy if uncompressed; a stream with dictionary batches is read in order up to
+the batch asked for). Another tool's columns are read by the rule of
+:func:`~arrow_dataproto.from_arrow` (``docs/format.md``, "Reading tables of other tools");
+``read_all``/``read_rows`` read its batches as one table.
+
+Errors: a file that is not Arrow (or names another format), truncated or corrupt raises
 :class:`~arrow_dataproto.errors.DecodeError` (never a raw pyarrow error). Arrow
 files carry no checksum: a flipped bit in tensor values reads back unnoticed
 unless the file was written with ``checksums=True`` and is read with
@@ -59,8 +68,8 @@ import pyarrow as pa
 import torch
 from tensordict import is_tensor_collection
 
-from . import _checksum, _limits, _portable
-from ._codec import decode, to_arrow, validate_arrow
+from . import _checksum, _foreign, _limits, _portable
+from ._codec import as_record_batch, decode, to_arrow, validate_arrow
 from .errors import (
     DataProtoError,
     DecodeError,
@@ -75,6 +84,7 @@ from ._format import (
     COMPRESSIONS,
     DEVICE,
     DTYPE,
+    FORMAT,
     KIND,
     META_INFO_ENCODING,
     OFFSETS_OF,
@@ -96,6 +106,7 @@ __all__ = [
     "FileReader",
     "FileWriter",
     "copy_file",
+    "layout_readable",
     "open_dataset",
     "open_file",
     "read_file",
@@ -140,7 +151,10 @@ def open_regular(path: str | os.PathLike) -> int:
 
 def _layout(metadata: dict[str, str]) -> dict[str, str]:
     """What every batch of a file must share: the schema metadata except the per-batch
-    entries, plus the batch dimensions after the first and the TensorDict nesting."""
+    entries, plus the batch dimensions after the first and the TensorDict nesting (the
+    metadata as it is for another tool's schema, which has none of these)."""
+    if FORMAT not in metadata:
+        return dict(metadata)
     tree = Node.parse(metadata)
     shared = {k: v for k, v in metadata.items() if k not in PER_BATCH}
     shared["batch dimensions after the first"] = json.dumps(None if tree is None else list(tree.batch_size[1:]))
@@ -443,9 +457,10 @@ def write_file(
 class ColumnInfo:
     """One column as recorded in a file's schema (no data is read).
 
-    ``kind`` is ``"tensor"``, ``"jagged"`` or ``"strided"`` for TensorDict leaves and
+    ``kind`` is ``"tensor"``, ``"jagged"`` or ``"strided"`` for TensorDict leaves,
     ``"numeric"``, ``"string"``, ``"object"`` or ``"pickle"`` for ``non_tensor_batch``
-    columns; ``dtype`` the torch dtype name (leaves) or numpy dtype (others); ``shape``
+    columns, and ``"arrow"`` for a column of another tool's file (``dtype`` is then its
+    Arrow type; what it decodes to follows the rule of :func:`~arrow_dataproto.from_arrow`); ``dtype`` the torch dtype name (leaves) or numpy dtype (others); ``shape``
     the shape of one row, ``None`` for a ragged dimension; ``device`` where a leaf was
     when written (``None`` for non-tensor columns).
     """
@@ -463,6 +478,8 @@ class ColumnInfo:
     @classmethod
     def from_field(cls, field: pa.Field) -> "ColumnInfo":
         meta = text_metadata(field.metadata)
+        if KIND not in meta:  # another tool's column: its Arrow type (the rule of from_arrow reads it)
+            return cls(field.name, "arrow", str(field.type), None, None)
         kind = meta.get(KIND, "?")
         dtype = meta.get(DTYPE, "?")
         shape_text = meta.get(SHAPE if kind in TENSOR_KINDS else ROW_SHAPE, "null")
@@ -662,6 +679,13 @@ class _Reader:
         """Rows ``a:b`` of batch ``i`` for each ``(i, a, b)`` (``b`` None: the whole batch), concatenated."""
         parts = []
         batches = self._read([i for i, _, _ in spans], fields)
+        if len(batches) > 1 and _foreign.is_foreign(self.schema):  # one table: one rule over all its rows
+            pieces = [batch.slice(a, (batch.num_rows if b is None else b) - a) for (_, a, b), (batch, _) in zip(spans, batches)]
+            try:
+                whole = as_record_batch(pa.Table.from_batches(pieces))
+            except (pa.ArrowException, ValueError) as e:  # DecodeError is a ValueError
+                raise DecodeError(f"{self}: the batches do not form one table: {e}") from e
+            return self._decode(whole, batches[0][1], keep, None, meta_info)
         with progress_bar(self.progress and len(spans) > 1, total=len(spans), desc="reading", unit="batch") as bar:
             for (_, a, b), (batch, metadata) in zip(spans, batches):
                 rows = None if b is None or (a, b) == (0, batch.num_rows) else (a, b)
@@ -692,7 +716,7 @@ class _Reader:
 def _describe_start(head: bytes) -> str:
     """Why a file that does not start with the Arrow magic is not one of ours, with a hint."""
     if head.startswith(b"\xff\xff\xff\xff"):
-        return "an Arrow IPC stream, not an Arrow IPC file (read streams with from_ipc)"
+        return "an Arrow IPC stream, not an Arrow IPC file (open_file reads it; recovery needs a file)"
     if head.startswith(b"\x80"):
         return (
             "a Python pickle (verl's DataProto.save_to_disk writes these); if you trust it, "
@@ -701,8 +725,139 @@ def _describe_start(head: bytes) -> str:
     return "not an Arrow IPC file (it does not start with ARROW1)"
 
 
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+_CODECS = {0: "lz4", 1: "zstd"}
+"""The compression codecs of the IPC format (``CompressionType``), by number."""
+
+
+def _message_header(metadata: Any) -> tuple["_FlatTable", "_FlatTable | None"]:
+    """The ``Message`` flatbuffer of an IPC message's metadata and its record batch header
+    (None for another kind of message)."""
+    message = _FlatTable.root(metadata, 0, len(metadata))
+    header = message.table(2)
+    return message, header if message.scalar(1, "<B") == 3 else None  # MessageHeader.RecordBatch
+
+
+def _header_codec(header: "_FlatTable") -> str | None:
+    compression = header.table(3)
+    if compression is None:
+        return None
+    codec = _CODECS.get(compression.scalar(0, "<b"))
+    if codec is None:
+        raise DecodeError("unknown compression codec")
+    return codec
+
+
+@dataclass(frozen=True)
+class _StreamIndex:
+    """Where the record batches of an IPC stream file lie, from one pass over its message
+    headers (nothing decompressed): ``blocks`` as a file footer lists them (offset,
+    metadata length, body length), each batch's rows and custom metadata, whether the stream
+    holds dictionaries (then batches are read in order) and its compression."""
+
+    schema: pa.Schema
+    blocks: list[tuple[int, int, int]]
+    rows: list[int]
+    custom: list[dict[str, str] | None]
+    dictionaries: bool
+    compression: str | None
+
+
+def _scan_stream(data: pa.Buffer, where: str) -> _StreamIndex:
+    """The :class:`_StreamIndex` of an IPC stream; :class:`DecodeError` if a message is cut
+    short or corrupt. The stream ends at its end-of-stream marker or at the end of the file
+    (a writer that stopped between two messages)."""
+    position = pa.BufferReader(data)
+    blocks, rows, custom, codecs = [], [], [], set()
+    dictionaries = False
+    try:
+        message = pa.ipc.read_message(position)
+        if message.type != "schema":
+            raise DecodeError("it does not start with a schema")
+        schema = pa.ipc.read_schema(message)
+        while position.tell() < data.size:
+            start = position.tell()
+            if data.slice(start, len(_END_OF_STREAM)).to_pybytes() == _END_OF_STREAM:
+                break
+            message = pa.ipc.read_message(position)
+            body = 0 if message.body is None else message.body.size
+            if message.type == "dictionary":
+                dictionaries = True
+            elif message.type == "record batch":
+                table, header = _message_header(memoryview(message.metadata))
+                if header is None:
+                    raise DecodeError(f"message at byte {start} is not a record batch")
+                blocks.append((start, position.tell() - start - body, body))
+                rows.append(header.scalar(0, "<q"))
+                codecs.add(_header_codec(header))
+                kv = _fb_key_values(table, 4)
+                custom.append(kv or None)
+            else:
+                raise DecodeError(f"unexpected {message.type} message at byte {start}")
+    except (pa.ArrowException, OSError, ValueError, EOFError) as e:  # DecodeError is a ValueError
+        raise DecodeError(f"{where}: an Arrow IPC stream cut short or corrupt: {e}") from e
+    if any(n < 0 for n in rows):
+        raise DecodeError(f"{where}: a record batch of a negative number of rows")
+    compression = next(iter(codecs - {None}), None)
+    return _StreamIndex(schema, blocks, rows, custom, dictionaries, compression)
+
+
+class _StreamFile:
+    """What :class:`FileReader` uses of a ``RecordBatchFileReader``, over a mapped IPC stream:
+    random access by batch index (zero-copy for uncompressed batches; a stream with
+    dictionaries is read in order up to the batch asked for)."""
+
+    metadata = None
+
+    def __init__(self, data: pa.Buffer, index: _StreamIndex):
+        self.data, self.index, self.schema = data, index, index.schema
+
+    @property
+    def num_record_batches(self) -> int:
+        return len(self.index.blocks)
+
+    def count_rows(self) -> int:
+        return sum(self.index.rows)
+
+    def get_batch_with_custom_metadata(self, i: int) -> tuple[pa.RecordBatch, dict[str, str] | None]:
+        if self.index.dictionaries:
+            reader = pa.ipc.open_stream(self.data)
+            for _ in range(i):
+                reader.read_next_batch()
+            batch, _ = reader.read_next_batch_with_custom_metadata()
+        else:
+            offset, meta_length, body_length = self.index.blocks[i]
+            message = pa.ipc.read_message(self.data.slice(offset, meta_length + body_length))
+            batch = pa.ipc.read_record_batch(message, self.schema)
+        return batch, self.index.custom[i]
+
+
+def _first_codec(data: pa.Buffer, stream: _StreamIndex | None) -> str:
+    """The compression of a file whose footer does not record it (another tool's), from
+    its first record batch's header: ``"none"``, ``"lz4"`` or ``"zstd"``."""
+    if stream is not None:
+        return stream.compression or "none"
+    try:
+        blocks = _limits.file_blocks(data)
+        if not blocks:
+            return "none"
+        offset, meta_length, body_length = blocks[0]
+        if offset < 0 or meta_length < 8 or body_length < 0 or offset + meta_length + body_length > data.size:
+            raise DecodeError("a record batch lies outside the file")
+        message = pa.ipc.read_message(data.slice(offset, meta_length + body_length))
+        _, header = _message_header(memoryview(message.metadata))
+        return "none" if header is None else (_header_codec(header) or "none")
+    except (pa.ArrowException, OSError, ValueError, EOFError) as e:  # DecodeError is a ValueError
+        raise DecodeError(f"corrupt Arrow file: {e}") from e
+
+
 class FileReader(_Reader):
-    """An Arrow IPC file of DataProto batches, open for reading; made by :func:`open_file`."""
+    """An Arrow IPC file of DataProto batches, open for reading; made by :func:`open_file`.
+
+    ``stream`` says whether it is an IPC stream file (no footer), ``foreign`` whether it is
+    another tool's (no ``adp.*`` schema metadata: read by the rule of
+    :func:`~arrow_dataproto.from_arrow`).
+    """
 
     def __init__(
         self,
@@ -721,34 +876,43 @@ class FileReader(_Reader):
         self._fd: int | None = open_regular(self.path)
         try:
             self.file_size = os.fstat(self._fd).st_size
-            reader = self._open_ipc()
+            self._stream: _StreamIndex | None = None
+            reader, data = self._open_mapped()
             self.schema = reader.schema
             self._num_batches = reader.num_record_batches
             footer = text_metadata(reader.metadata)
-            check_schema(self.schema)
+            self.stream = self._stream is not None
+            self.foreign = _foreign.is_foreign(self.schema)
+            if not self.foreign:
+                check_schema(self.schema)
+            compression = footer.get(COMPRESSION) or _first_codec(data, self._stream)
         except BaseException:
             self.close()
             raise
         self._footer_schema_metadata = text_metadata(self.schema.metadata)
         self._layout = _layout(self._footer_schema_metadata)
-        compression = footer.get(COMPRESSION)
-        self.compression: str | None = None if compression == "none" else (compression or "unknown")
+        self.compression: str | None = None if compression == "none" else compression
         narrowest = min(range(len(self.schema)), key=lambda i: _row_bits(self.schema.field(i).type), default=None)
         self._probe_fields = None if self.compression is None or narrowest is None else [narrowest]
         self._max_decoded = _limits.limit(max_decoded_bytes, self.file_size)
-        self._blocks: list[tuple[int, int, int]] | None = None
+        self._blocks: list[tuple[int, int, int]] | None = None if self._stream is None else self._stream.blocks
 
     def _open_ipc(self, fields: list[int] | None = None) -> pa.ipc.RecordBatchFileReader:
         """A fresh private copy-on-write mapping of the file, opened as an Arrow IPC file."""
         return self._open_mapped(fields)[0]
 
-    def _open_mapped(self, fields: list[int] | None = None) -> tuple[pa.ipc.RecordBatchFileReader, pa.Buffer]:
-        """:meth:`_open_ipc` and the mapped bytes."""
+    def _open_mapped(self, fields: list[int] | None = None) -> tuple[Any, pa.Buffer]:
+        """:meth:`_open_ipc` and the mapped bytes (an IPC stream: a :class:`_StreamFile`)."""
         if self._fd is None:
             raise DataProtoError(f"{self.path} is closed")
         if self.file_size == 0:
             raise DecodeError(f"{self.path}: empty file")
         source = mmap.mmap(self._fd, 0, access=mmap.ACCESS_COPY)
+        if source[: len(_CONTINUATION)] == _CONTINUATION:  # an IPC stream (HF datasets' cache files)
+            data = pa.py_buffer(source)
+            if self._stream is None:
+                self._stream = _scan_stream(data, str(self.path))
+            return _StreamFile(data, self._stream), data
         if source[: len(MAGIC)] != MAGIC:
             raise DecodeError(f"{self.path}: {_describe_start(source[:8])}")
         if len(source) < 2 * len(MAGIC) + 6 or source[-len(MAGIC):] != MAGIC:
@@ -766,6 +930,8 @@ class FileReader(_Reader):
         try:
             if self._blocks is None:
                 self._blocks = _limits.file_blocks(data)
+            if self._stream is not None and self._stream.dictionaries:  # read in order: every batch before counts
+                indices = range(max(indices, default=-1) + 1)
             total = sum(_limits.block_decoded_bytes(data, self._blocks[i]) for i in indices)
         except (pa.ArrowException, OSError, ValueError, IndexError, EOFError) as e:
             if isinstance(e, DecodeError):
@@ -821,6 +987,8 @@ class FileReader(_Reader):
         return checked
 
     def _count_rows(self):
+        if self._stream is not None:  # from the message headers
+            return list(self._stream.rows)
         if self.compression is not None and self.num_batches == 1:
             return [self._open_ipc().count_rows()]  # from the batch's message header: nothing decompressed
         return [batch.num_rows for batch, _ in self._read(range(self.num_batches), self._probe_fields)]
@@ -849,7 +1017,9 @@ def open_file(
     max_decoded_bytes: int | str | None = "auto",
     verify: bool = False,
 ) -> FileReader:
-    """Open an Arrow IPC file written by :func:`write_file` / :class:`FileWriter`.
+    """Open an Arrow IPC file written by :func:`write_file` / :class:`FileWriter`, or any
+    other Arrow IPC file or IPC stream file (see the module docstring; another tool's
+    columns are read by the rule of :func:`~arrow_dataproto.from_arrow`).
 
     Reads only the footer; batches are read on demand, memory-mapped (see the module
     docstring: zero-copy, copy-on-write, each read call its own mapping). The reader has
@@ -874,7 +1044,7 @@ def open_file(
     them); opening stays O(1) either way.
 
     Raises ``FileNotFoundError``/``OSError`` as ``open`` does, :class:`DecodeError` for
-    a file that is not an arrow-dataproto Arrow file, truncated or corrupt, and
+    a file that is not Arrow (or whose schema names another format), truncated or corrupt, and
     :class:`FormatVersionError` for an incompatible format version.
     """
     return FileReader(
@@ -1210,6 +1380,17 @@ def read_layout(path: str | os.PathLike, *, row_lengths: bool = True) -> list[Ba
             metadata = _fb_key_values(message, 4) or schema_metadata  # as FileReader reads it
             layouts.append(BatchLayout(rows, codec, metadata, stored, raw, lengths))
     return layouts
+
+
+def layout_readable(t: pa.DataType) -> bool:
+    """Whether :func:`read_layout` can size a column of Arrow type ``t`` from the IPC
+    metadata alone (every type this library writes; not the view types of other tools,
+    whose buffer count varies from batch to batch)."""
+    try:
+        _field_layout(t)
+        return True
+    except DecodeError:
+        return False
 
 
 def _field_layout(t: pa.DataType) -> tuple[int, int, tuple[int, int, int] | None]:
