@@ -175,11 +175,11 @@ def _float_leaf(name: str, stored: pa.DataType) -> _Leaf:
     def narrow(values: pa.Array, column: str) -> pa.Array:
         bits, patterns, missed = _narrow_bits(table, values)
         if len(missed):
-            first = bits[missed[0]]
+            first = bits[missed[:1]]
             raise column_error(
                 DecodeError, column,
-                f"{len(missed)} float32 values are not {name} values (the first: {float(first.view(np.float32))!r}, "
-                f"bits 0x{int(first):08x}); a portable column gives back only the values it was widened from",
+                f"{len(missed)} of its float32 values are not {name} values (the first: {first.view(np.float32)[0]!s}, "
+                f"bits 0x{int(first[0]):08x}); a portable column gives back only the values it was widened from",
             )
         return _primitive(stored, patterns)
 

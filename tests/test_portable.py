@@ -1,0 +1,306 @@
+"""The portable view (``to_arrow(data, portable=True)``, ``write_file(portable=True)``): plain
+Arrow types, and every DataProto back bit for bit from it (tensors, non-tensor columns,
+every dtype and every bit pattern of the widened ones)."""
+
+from __future__ import annotations
+
+import io
+import pickle
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from tensordict import TensorDict
+
+from arrow_dataproto import DataProto, from_arrow, from_ipc, to_arrow
+from arrow_dataproto._dtypes import STORAGE
+from arrow_dataproto._portable import widening_table
+from arrow_dataproto.errors import DecodeError, EncodeError
+from arrow_dataproto.files import FileWriter, copy_file, open_file, read_file, write_file
+from arrow_dataproto.testing import assert_dataproto_equal, sample_dataproto
+
+WIDENED = ["bfloat16", "float16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu"]
+WIDENED = [name for name in WIDENED if hasattr(torch, name)]
+
+
+def all_patterns(dtype: torch.dtype) -> torch.Tensor:
+    """Every bit pattern of ``dtype`` once, as a 1-D tensor of that dtype."""
+    bits = dtype.itemsize * 8
+    return torch.arange(2**bits, dtype=torch.int32).to(torch.uint8 if bits == 8 else torch.uint16).view(dtype)
+
+
+def random_of(dtype: torch.dtype, shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:
+    """Random bits of ``dtype`` (NaNs and infinities included for float dtypes)."""
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    n = max(1, int(np.prod(shape)))
+    raw = torch.randint(0, 256, (n * dtype.itemsize,), dtype=torch.uint8, generator=g)
+    return raw.view(dtype)[: int(np.prod(shape))].reshape(shape)
+
+
+def jagged(dtype: torch.dtype, lengths: list[int], inner: tuple[int, ...] = (), seed: int = 0) -> torch.Tensor:
+    return torch.nested.nested_tensor(
+        [random_of(dtype, (n, *inner), seed + i) for i, n in enumerate(lengths)], layout=torch.jagged
+    )
+
+
+def roundtrips(dp: DataProto) -> None:
+    """``dp`` comes back bit-exact from its portable RecordBatch, IPC stream, pickle and files."""
+    rb = to_arrow(dp, portable=True)
+    assert rb.schema.metadata[b"adp.portable"] == b"true"
+    assert_dataproto_equal(dp, from_arrow(rb, allow_pickle=True))
+    assert_dataproto_equal(dp, from_arrow(pickle.loads(pickle.dumps(rb)), allow_pickle=True))
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, rb.schema) as writer:
+        writer.write_batch(rb)
+    assert_dataproto_equal(dp, from_ipc(sink.getvalue(), allow_pickle=True))
+
+
+# ---------------------------------------------------------------- the widening tables
+
+
+@pytest.mark.parametrize("name", WIDENED)
+def test_widening_is_exact_and_injective_for_every_bit_pattern(name):
+    dtype = getattr(torch, name)
+    table = widening_table(name)
+    patterns = all_patterns(dtype)
+    assert len(np.unique(table.widened)) == len(patterns)  # no two patterns widen alike
+    values = patterns.float()
+    widened = torch.from_numpy(table.widened.view(np.float32))
+    number = ~values.isnan()
+    assert torch.equal(widened[number].view(torch.int32), values[number].view(torch.int32))  # same value, -0.0 too
+    assert bool(widened[~number].isnan().all())
+    sign = patterns.view(torch.uint8 if dtype.itemsize == 1 else torch.int16)
+    if name != "float8_e8m0fnu":  # the only unsigned format
+        negative = sign < 0 if dtype.itemsize == 2 else sign >= 128
+        assert torch.equal((widened.view(torch.int32) < 0)[~number], negative[~number])  # NaNs keep their sign
+
+
+@pytest.mark.parametrize("name", WIDENED)
+def test_every_bit_pattern_comes_back(name):
+    dtype = getattr(torch, name)
+    patterns = all_patterns(dtype)
+    grid = patterns.view(-1, 2, 4)  # 256 and 65536 patterns: whole rows of 8
+    dp = DataProto(TensorDict({"x": patterns[: len(grid)], "grid": grid}, batch_size=[len(grid)]))
+    rb = to_arrow(dp, portable=True)
+    assert rb.schema.field("x").type == pa.float32()
+    roundtrips(dp)
+
+
+# ---------------------------------------------------------------- every dtype, every kind
+
+
+def every_dtype_batch(rows: int = 5) -> DataProto:
+    lengths = [2, 0, 3, 1, 4][:rows]
+    leaves = {}
+    for dtype in STORAGE:
+        name = str(dtype).removeprefix("torch.")
+        leaves[f"{name}.vector"] = random_of(dtype, (rows,), 1)
+        leaves[f"{name}.grid"] = random_of(dtype, (rows, 2, 3), 2)
+        leaves[f"{name}.jagged"] = jagged(dtype, lengths, seed=3)
+        leaves[f"{name}.jagged3"] = jagged(dtype, lengths, (2, 3), seed=4)
+        try:
+            leaves[f"{name}.strided"] = torch.nested.nested_tensor([random_of(dtype, (n % 3 + 1, 2), 5 + n) for n in lengths])
+        except (NotImplementedError, RuntimeError):  # torch builds strided nested tensors of some dtypes only
+            pass
+    return DataProto(TensorDict(leaves, batch_size=[rows]))
+
+
+def test_every_dtype_and_tensor_kind_round_trips():
+    roundtrips(every_dtype_batch())
+
+
+def test_mrope_and_shared_offsets_round_trip():
+    dp = sample_dataproto(rows=6)
+    responses = dp.batch["responses_jagged"]
+    dp.batch["logp_jagged"] = torch.nested.nested_tensor_from_jagged(
+        torch.randn(responses.values().shape[0]).bfloat16(), responses.offsets()
+    )
+    roundtrips(dp)
+    back = from_arrow(to_arrow(dp, portable=True))
+    assert back.batch["logp_jagged"].offsets() is back.batch["responses_jagged"].offsets()
+
+
+def non_tensor_columns(rows: int = 4) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    times = np.array(["2024-01-01T00:00:00.123456789", "NaT", "1970-01-01", "2262-04-11"], dtype="M8[ns]")[:rows]
+    return {
+        "flag": rng.random(rows) > 0.5,
+        "flags2d": rng.random((rows, 2, 3)) > 0.5,
+        "half": rng.standard_normal(rows).astype(np.float16),
+        "half2d": rng.standard_normal((rows, 3)).astype(np.float16),
+        "big_endian": np.arange(rows, dtype=">i4"),
+        "c64": (rng.standard_normal(rows) + 1j).astype(np.complex64),
+        "c128_2d": rng.standard_normal((rows, 2)) * 1j,
+        "when": times,
+        "when_us_2d": np.stack([times.astype("M8[us]")] * 2, axis=1),
+        "days": times.astype("M8[D]"),
+        "took": times - np.datetime64("2024-01-01", "ns"),
+        "text": np.array(["a", "bé", "", "ccc"][:rows]),
+        "text2d": np.array([["a", "b"]] * rows),
+        "raw": np.array([b"\x00x", b"", b"y", b"zz"][:rows]),
+        "objects": np.array([{"a": 1}, {"a": None}, {"a": 3}, {"a": 4}][:rows], dtype=object),
+        "pickled": np.array([{1, 2}, None, 3, "x"][:rows], dtype=object),
+    }
+
+
+def test_non_tensor_columns_round_trip():
+    dp = sample_dataproto(rows=4)
+    dp.non_tensor_batch.update(non_tensor_columns())
+    roundtrips(dp)
+    rb = to_arrow(dp, portable=True)
+    types = {f.name: f.type for f in rb.schema}
+    assert types["flag"] == pa.bool_() and types["flags2d"] == pa.list_(pa.list_(pa.bool_(), 3), 2)
+    assert types["half"] == pa.float32() and types["half2d"] == pa.list_(pa.float32(), 3)
+    assert types["when"] == pa.timestamp("ns") and types["took"] == pa.duration("ns")
+    assert types["when_us_2d"] == pa.list_(pa.timestamp("us"), 2)
+    assert types["days"] == pa.int64()  # numpy's day unit has no Arrow timestamp: its int64 as stored
+    assert types["c64"] == pa.list_(pa.float32(), 2)
+    assert types["text2d"] == pa.list_(pa.string(), 2)
+    assert types["pickled"] == pa.large_binary()
+    assert rb.column("when").null_count == 1  # NaT is a null in the portable view
+
+
+def test_portable_types_of_tensor_columns():
+    dp = sample_dataproto(rows=4)
+    types = {f.name: f.type for f in to_arrow(dp, portable=True).schema}
+    assert types["ref_log_prob"] == pa.list_(pa.float32(), 7)  # bf16 [B, 7]
+    assert types["response_mask"] == pa.list_(pa.bool_(), 7)
+    assert types["input_ids"] == pa.list_(pa.int64(), 12)
+    assert types["responses_jagged"] == pa.list_(pa.int64())
+    assert types["position_ids_mrope"] == pa.list_(pa.list_(pa.int64(), 3))
+    grid = to_arrow(DataProto(TensorDict({"g": torch.zeros(2, 3, 4, 5).bfloat16()}, batch_size=[2])), portable=True)
+    assert grid.schema.field("g").type == pa.list_(pa.list_(pa.list_(pa.float32(), 5), 4), 3)
+    stored = to_arrow(dp)
+    for name in ("input_ids", "ref_log_prob", "responses_jagged"):  # field metadata kept as it was
+        assert to_arrow(dp, portable=True).schema.field(name).metadata == stored.schema.field(name).metadata
+
+
+def test_what_is_not_copied():
+    """Columns whose values do not change view the tensors' memory: int64 grids and float32."""
+    ids = torch.arange(12).view(3, 4)
+    logp = torch.randn(3, 4)
+    rb = to_arrow(DataProto(TensorDict({"ids": ids, "logp": logp}, batch_size=[3])), portable=True)
+    assert rb.column("ids").flatten().buffers()[1].address == ids.data_ptr()
+    assert rb.column("logp").flatten().buffers()[1].address == logp.data_ptr()
+
+
+def test_slices_and_views_round_trip():
+    dp = every_dtype_batch(rows=5)
+    part = dp[1:4]
+    roundtrips(part)
+    rb = to_arrow(dp, portable=True).slice(1, 3)  # an Arrow slice of a portable batch
+    assert_dataproto_equal(part, from_arrow(rb))
+
+
+def test_large_offsets_keep_large_list(monkeypatch):
+    import arrow_dataproto._portable as portable
+
+    dp = DataProto(TensorDict({"j": jagged(torch.bfloat16, [2, 3, 1])}, batch_size=[3]))
+    assert to_arrow(dp, portable=True).schema.field("j").type == pa.list_(pa.float32())
+    monkeypatch.setattr(portable, "_INT32_MAX", 5)  # as if the offsets did not fit int32
+    rb = to_arrow(dp, portable=True)
+    assert rb.schema.field("j").type == pa.large_list(pa.float32())
+    assert_dataproto_equal(dp, from_arrow(rb))
+
+
+def test_empty_and_no_batch():
+    for dp in (DataProto(), every_dtype_batch()[:0], DataProto(non_tensor_batch=non_tensor_columns(0))):
+        roundtrips(dp)
+
+
+def test_a_stored_batch_passes_through_and_portable_is_idempotent():
+    dp = sample_dataproto()
+    from arrow_dataproto._portable import from_portable, to_portable
+
+    stored = to_arrow(dp)
+    assert from_portable(stored) is stored
+    portable = to_portable(stored)
+    assert to_portable(portable) is portable
+    assert from_portable(portable).equals(stored)
+
+
+# ---------------------------------------------------------------- errors
+
+
+def replaced(rb: pa.RecordBatch, name: str, array: pa.Array) -> pa.RecordBatch:
+    i = rb.schema.get_field_index(name)
+    return rb.set_column(i, rb.schema.field(i).with_type(array.type), array)
+
+
+def test_a_float_that_is_not_a_bfloat16_is_refused():
+    rb = to_arrow(DataProto(TensorDict({"logp": torch.tensor([1.5, 2.0]).bfloat16()}, batch_size=[2])), portable=True)
+    changed = replaced(rb, "logp", pa.array([1.5, 2.0001], pa.float32()))
+    with pytest.raises(DecodeError, match=r"'logp'.*not bfloat16 values.*2\.0001"):
+        from_arrow(changed)
+
+
+def test_a_float_that_is_not_a_float8_is_refused():
+    rb = to_arrow(DataProto(TensorDict({"q": torch.zeros(2).to(torch.float8_e4m3fn)}, batch_size=[2])), portable=True)
+    with pytest.raises(DecodeError, match="'q'.*not float8_e4m3fn values"):
+        from_arrow(replaced(rb, "q", pa.array([0.0, 1000.0], pa.float32())))  # past e4m3fn's 448
+
+
+def test_nulls_in_a_portable_tensor_column_are_refused():
+    rb = to_arrow(DataProto(TensorDict({"g": torch.zeros(2, 3).bfloat16()}, batch_size=[2])), portable=True)
+    with pytest.raises(DecodeError, match="'g'"):
+        from_arrow(replaced(rb, "g", pa.array([[0.0, 0.0, 0.0], None], pa.list_(pa.float32(), 3))))
+    with pytest.raises(DecodeError, match="'g'"):
+        from_arrow(replaced(rb, "g", pa.array([[0.0, None, 0.0], [0.0] * 3], pa.list_(pa.float32(), 3))))
+
+
+def test_bool_bytes_other_than_0_and_1_are_refused_portably():
+    odd = torch.tensor([0, 1, 2], dtype=torch.uint8).view(torch.bool)
+    dp = DataProto(TensorDict({"mask": odd}, batch_size=[3]))
+    assert_dataproto_equal(dp, from_arrow(to_arrow(dp)))  # the stored form keeps the byte
+    with pytest.raises(EncodeError, match="'mask'"):
+        to_arrow(dp, portable=True)
+
+
+def test_a_column_of_another_type_reaches_the_decoder_unchanged():
+    rb = to_arrow(DataProto(TensorDict({"g": torch.zeros(2, 3).bfloat16()}, batch_size=[2])), portable=True)
+    with pytest.raises(DecodeError, match="'g'"):
+        from_arrow(replaced(rb, "g", pa.array([[0.0] * 3] * 2, pa.list_(pa.float64(), 3))))
+
+
+# ---------------------------------------------------------------- files
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["file", "stream"])
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_portable_files_read_back_exactly(tmp_path, stream, compression):
+    batches = [every_dtype_batch(rows=5), every_dtype_batch(rows=3)]
+    path = tmp_path / "portable.arrow"
+    write_file(path, batches, portable=True, stream=stream, compression=compression)
+    head = path.read_bytes()[:6]
+    assert (head != b"ARROW1") == stream
+    reader = pa.ipc.open_stream(pa.memory_map(str(path))) if stream else pa.ipc.open_file(pa.memory_map(str(path)))
+    assert reader.schema.field("bfloat16.grid").type == pa.list_(pa.list_(pa.float32(), 3), 2)
+    with open_file(path) as opened:
+        assert opened.num_batches == 2
+        for i, dp in enumerate(batches):
+            assert_dataproto_equal(dp, opened.read_batch(i))
+        assert opened.column_info()[0].dtype == "bool"  # column info names the original dtype
+
+
+def test_copy_file_converts_between_forms(tmp_path):
+    dp = sample_dataproto()
+    write_file(tmp_path / "stored.arrow", dp)
+    copy_file(tmp_path / "stored.arrow", tmp_path / "portable.arrow", portable=True)
+    copy_file(tmp_path / "portable.arrow", tmp_path / "back.arrow")
+    assert pa.ipc.open_file(str(tmp_path / "portable.arrow")).schema.field("ref_log_prob").type == pa.list_(pa.float32(), 7)
+    stored = pa.ipc.open_file(str(tmp_path / "stored.arrow")).read_all()
+    assert pa.ipc.open_file(str(tmp_path / "back.arrow")).read_all().equals(stored, check_metadata=True)
+    assert_dataproto_equal(dp, read_file(tmp_path / "portable.arrow"))
+
+
+def test_file_writer_portable_with_checksums(tmp_path):
+    pytest.importorskip("xxhash", reason="checksums need xxhash (pip install arrow-dataproto[integrity])")
+    path = tmp_path / "p.arrow"
+    with FileWriter(path, portable=True, checksums=True) as writer:
+        writer.write(sample_dataproto())
+    with open_file(path, verify=True) as reader:
+        assert reader.verify() > 0
+        assert_dataproto_equal(sample_dataproto(), reader.read_all())
