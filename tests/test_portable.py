@@ -304,3 +304,145 @@ def test_file_writer_portable_with_checksums(tmp_path):
     with open_file(path, verify=True) as reader:
         assert reader.verify() > 0
         assert_dataproto_equal(sample_dataproto(), reader.read_all())
+
+
+# ---------------------------------------------------------------- other tools read values
+
+
+import interop_table  # noqa: E402 (tests/interop_table.py: the realistic batch and the README table)
+
+TOOL_BATCHES = [interop_table.realistic_batch(), interop_table.realistic_batch(rows=5, seed=1)]
+
+
+def tool_rows(column: str) -> list:
+    """Every row of ``column`` over TOOL_BATCHES: numpy arrays (bf16 as float32 values) or Python values."""
+    out: list = []
+    for dp in TOOL_BATCHES:
+        if column in dp.non_tensor_batch:
+            out += list(dp.non_tensor_batch[column])
+            continue
+        t = dp.batch[column]
+        rows = t.unbind() if t.is_nested else t
+        out += [(r.float() if r.dtype == torch.bfloat16 else r).numpy() for r in rows]
+    return out
+
+
+@pytest.fixture(scope="module")
+def portable_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("portable")
+    return interop_table.write_files(folder, TOOL_BATCHES)["portable"]
+
+
+@pytest.fixture(scope="module")
+def portable_table(portable_files):
+    with pa.memory_map(str(portable_files["file"])) as source:
+        return pa.ipc.open_file(source).read_all()
+
+
+def test_the_portable_files_read_back_exactly(portable_files):
+    for path in portable_files.values():
+        with open_file(path, allow_pickle=True) as reader:  # extra_info is pickled until the JSON tier stores it
+            for i, dp in enumerate(TOOL_BATCHES):
+                assert_dataproto_equal(dp, reader.read_batch(i))
+
+
+def extra_info_cells_are(cells: list, table: pa.Table) -> None:
+    """``extra_info`` as the tool shows it: JSON text once the JSON tier stores it, else pickled bytes."""
+    kind = table.schema.field("extra_info").metadata[b"adp.kind"]
+    if kind == b"json":
+        import json
+
+        assert [json.loads(c) for c in cells] == tool_rows("extra_info")
+    else:
+        assert kind == b"pickle" and all(isinstance(c, bytes) for c in cells)
+
+
+def test_pandas_shows_values(portable_files, portable_table):
+    pd = pytest.importorskip("pandas", reason="pandas is not installed (pip install arrow-dataproto[interop])")
+    df = pd.read_feather(portable_files["file"])
+    assert len(df) == 13
+    for cell, row in zip(df["ref_log_prob"], tool_rows("ref_log_prob")):  # bf16 as float32 values
+        assert cell.dtype == np.float32
+        np.testing.assert_array_equal(cell, row)
+    for cell, row in zip(df["response_mask"], tool_rows("response_mask")):
+        assert cell.dtype == np.bool_ and cell.tolist() == row.tolist()
+    for cell, row in zip(df["responses_jagged"], tool_rows("responses_jagged")):
+        np.testing.assert_array_equal(cell, row)
+    assert df["data_source"].tolist() == tool_rows("data_source")
+    assert df["raw_prompt"].map(lambda cell: [dict(m) for m in cell]).tolist() == tool_rows("raw_prompt")
+    extra_info_cells_are(df["extra_info"].tolist(), portable_table)
+
+
+def test_polars_list_operations_without_unwrapping(portable_files, portable_table):
+    pl = pytest.importorskip("polars", reason="polars is not installed (pip install arrow-dataproto[interop])")
+    frame = pl.read_ipc(portable_files["file"])
+    assert frame.schema["ref_log_prob"] == pl.Array(pl.Float32, 5)
+    assert frame.schema["response_mask"] == pl.Array(pl.Boolean, 5)
+    assert frame.schema["responses_jagged"] == pl.List(pl.Int64)
+    sums = frame.select(pl.col("advantages").arr.sum())["advantages"].to_list()
+    np.testing.assert_allclose(sums, [row.sum() for row in tool_rows("advantages")], rtol=1e-6)
+    masked = frame.select(pl.col("response_mask").arr.sum())["response_mask"].to_list()
+    assert masked == [int(row.sum()) for row in tool_rows("response_mask")]
+    lengths = frame.select(pl.col("responses_jagged").list.len())["responses_jagged"].to_list()
+    assert lengths == [len(row) for row in tool_rows("responses_jagged")] == masked
+    bf16 = frame.select(pl.col("ref_log_prob").arr.first())["ref_log_prob"].to_list()
+    assert bf16 == [float(row[0]) for row in tool_rows("ref_log_prob")]
+    by_source = frame.group_by("data_source").agg(pl.col("responses_jagged").list.len().sum()).sort("data_source")
+    sources = tool_rows("data_source")
+    assert by_source.rows() == [
+        (s, sum(len(r) for r, src in zip(tool_rows("responses_jagged"), sources) if src == s)) for s in sorted(set(sources))
+    ]
+    extra_info_cells_are(frame["extra_info"].to_list(), portable_table)
+
+
+def test_duckdb_sql_group_by_over_tensor_columns(portable_table):
+    duckdb = pytest.importorskip("duckdb", reason="duckdb is not installed (pip install arrow-dataproto[interop])")
+    con = duckdb.connect()
+    con.register("rollout", portable_table)  # the whole table: no float16 column to project away
+    relation = con.sql(
+        "select data_source, count(*) as n, sum(list_sum(advantages)) as adv, max(list_max(ref_log_prob)) as ref, "
+        "sum(len(responses_jagged)) as tokens, sum(list_count(list_filter(response_mask, lambda x: x))) as masked "
+        "from rollout group by data_source order by data_source"
+    )
+    got = relation.fetchall()
+    sources, adv, ref = tool_rows("data_source"), tool_rows("advantages"), tool_rows("ref_log_prob")
+    jag, mask = tool_rows("responses_jagged"), tool_rows("response_mask")
+    want = []
+    for s in sorted(set(sources)):
+        rows = [i for i, src in enumerate(sources) if src == s]
+        want.append((s, len(rows), sum(float(adv[i].astype(np.float64).sum()) for i in rows),
+                     max(float(ref[i].max()) for i in rows), sum(len(jag[i]) for i in rows),
+                     sum(int(mask[i].sum()) for i in rows)))
+    assert [g[:2] + g[3:] for g in got] == [w[:2] + w[3:] for w in want]
+    np.testing.assert_allclose([g[2] for g in got], [w[2] for w in want], rtol=1e-6)
+    types = dict(zip(con.sql("select * from rollout").columns, map(str, con.sql("select * from rollout").types)))
+    assert types["ref_log_prob"] == "FLOAT[5]" and types["response_mask"] == "BOOLEAN[5]"
+    assert types["position_ids"] == "BIGINT[11]" and types["responses_jagged"] == "BIGINT[]"
+    cells = [r[0] for r in con.sql("select extra_info from rollout").fetchall()]
+    extra_info_cells_are(cells, portable_table)
+    con.close()
+
+
+@pytest.mark.parametrize("how", ["Dataset(table)", "Dataset.from_file(stream)"])
+def test_hf_datasets_shows_floats(how, portable_files, portable_table):
+    datasets = pytest.importorskip("datasets", reason="HF datasets is not installed (pip install arrow-dataproto[interop])")
+    ds = datasets.Dataset(portable_table) if how == "Dataset(table)" else datasets.Dataset.from_file(str(portable_files["stream"]))
+    assert len(ds) == 13
+    assert ds.features["ref_log_prob"] == datasets.List(datasets.Value("float32"), length=5)
+    assert ds.features["response_mask"] == datasets.List(datasets.Value("bool"), length=5)
+    assert ds.features["responses_jagged"] == datasets.List(datasets.Value("int64"))
+    assert ds.features["data_source"] == datasets.Value("string")
+    assert ds["ref_log_prob"] == [row.tolist() for row in tool_rows("ref_log_prob")]
+    assert ds["response_mask"] == [row.tolist() for row in tool_rows("response_mask")]
+    assert ds["responses_jagged"] == [row.tolist() for row in tool_rows("responses_jagged")]
+    assert ds["raw_prompt"] == tool_rows("raw_prompt")
+    numpy_rows = ds.with_format("numpy")["advantages"]
+    np.testing.assert_array_equal(np.stack(list(numpy_rows)), np.stack(tool_rows("advantages")))
+
+
+def test_readme_interop_table_is_current(tmp_path):
+    for module in ("pandas", "polars", "duckdb", "datasets"):
+        pytest.importorskip(module, reason=f"{module} is not installed: the table needs every tool (pip install arrow-dataproto[interop])")
+    measured = interop_table.render(interop_table.measure(tmp_path))
+    in_readme = interop_table.readme_section(interop_table.README.read_text())
+    assert in_readme == measured, "the README interop table differs from what the tools report: run python tests/interop_table.py"
