@@ -11,6 +11,11 @@ per DataProto written, every batch with the same columns. Layout:
   so its batch size, TensorDict tree and ``meta_info`` read back exactly;
 - the footer metadata records the compression (``adp.compression``).
 
+``FileWriter(portable=True)`` writes the portable view of each batch (plain Arrow types other
+tools read as values, see ``docs/format.md``) and ``stream=True`` an IPC *stream* file (what
+HF ``datasets.Dataset.from_file`` opens); the readers give the same DataProtos back from
+every form.
+
 Reading (:func:`open_file`) is zero-copy for uncompressed files: each read call
 maps the file privately (``mmap.ACCESS_COPY``) and decoded tensors view the
 mapped pages, so nothing is read from disk until a tensor is touched. An
