@@ -45,10 +45,11 @@ import pyarrow.compute as pc
 import torch
 
 from ._dtypes import STORAGE
-from ._format import KIND, PORTABLE, TENSOR_KINDS, ArraySpec, TensorSpec, text_metadata
+from ._format import FORMAT, KIND, PORTABLE, TENSOR_KINDS, ArraySpec, TensorSpec, text_metadata
 from .errors import DecodeError, EncodeError, column_error
 
 _PORTABLE_KEY = PORTABLE.encode()
+_FORMAT_KEY = FORMAT.encode()
 _INT32_MAX = 2**31 - 1
 _NAT = np.iinfo(np.int64).min
 _TIME_UNITS = ("s", "ms", "us", "ns")
@@ -420,7 +421,8 @@ def _column_to_stored(array: pa.Array, layout: _Layout, name: str) -> pa.Array:
 
 def to_portable(record_batch: pa.RecordBatch) -> pa.RecordBatch:
     """The portable view of a RecordBatch made by :func:`~arrow_dataproto.to_arrow` (see the
-    module docstring); a batch already portable is returned as it is.
+    module docstring); a batch already portable, or one without ``adp.format`` (another
+    tool's, plain Arrow already), is returned as it is.
 
     Copies the columns whose values change (widened floats, bools, NaT, int32 offsets); the
     others, and the nesting of fixed-size lists, view the same buffers. Field metadata is
@@ -429,7 +431,8 @@ def to_portable(record_batch: pa.RecordBatch) -> pa.RecordBatch:
     tensor holding bytes other than 0 and 1.
     """
     schema = record_batch.schema
-    if _PORTABLE_KEY in (schema.metadata or {}):
+    metadata = schema.metadata or {}
+    if _PORTABLE_KEY in metadata or _FORMAT_KEY not in metadata:  # portable already, or another tool's
         return record_batch
     fields, arrays = [], []
     for field, array in zip(schema, record_batch.columns):

@@ -474,7 +474,7 @@ def _convert(args: argparse.Namespace) -> int:
 
     with os.fdopen(open_regular(args.input), "rb") as f:  # a FIFO is refused, never read
         start = f.read(len(MAGIC))
-    if start == MAGIC:
+    if start == MAGIC or start.startswith(b"\xff\xff\xff\xff"):  # an Arrow IPC file or stream file
         if args.compression is None:  # keep the source's
             with open_file(args.input) as reader:
                 compression = None if reader.compression == "unknown" else reader.compression
@@ -606,7 +606,7 @@ def _parser() -> argparse.ArgumentParser:
     p = commands.add_parser("convert", help="a pickled DataProto (verl's save_to_disk) or an Arrow file -> Arrow file",
                             description="Write IN as an Arrow file OUT. IN is a DataProto pickled by verl's "
                             "save_to_disk (or pickle.dump of ours), which needs --allow-pickle because unpickling "
-                            "runs code; verl need not be installed. IN may also be an Arrow file of ours, copied "
+                            "runs code; verl need not be installed. IN may also be an Arrow file (or stream file) of ours, copied "
                             "without unpickling anything, e.g. with another --compression.")
     p.add_argument("input", metavar="IN")
     p.add_argument("output", metavar="OUT")

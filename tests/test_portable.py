@@ -306,6 +306,28 @@ def test_file_writer_portable_with_checksums(tmp_path):
         assert_dataproto_equal(sample_dataproto(), reader.read_all())
 
 
+# ---------------------------------------------------------------- the command line
+
+
+def test_convert_portable_and_stream(tmp_path, capsys):
+    from arrow_dataproto.cli import main
+
+    dp = sample_dataproto()
+    pickle_path, stored = tmp_path / "dp.pkl", tmp_path / "stored.arrow"
+    pickle_path.write_bytes(pickle.dumps(dp, protocol=5))
+    assert main(["convert", str(pickle_path), str(tmp_path / "p.arrows"), "--allow-pickle", "--portable", "--stream"]) == 0
+    assert main(["convert", str(tmp_path / "p.arrows"), str(stored)]) == 0  # a stream file in, stored types out
+    assert main(["convert", str(stored), str(tmp_path / "p.arrow"), "--portable", "--compression", "zstd"]) == 0
+    out = capsys.readouterr().out
+    assert "wrote" in out and "compression zstd" in out
+    with pa.memory_map(str(tmp_path / "p.arrows")) as source:
+        assert pa.ipc.open_stream(source).schema.field("ref_log_prob").type == pa.list_(pa.float32(), 7)
+    assert pa.ipc.open_file(str(stored)).schema.field("ref_log_prob").type.extension_name == "arrow.fixed_shape_tensor"
+    assert pa.ipc.open_file(str(tmp_path / "p.arrow")).schema.field("response_mask").type == pa.list_(pa.bool_(), 7)
+    for name in ("p.arrows", "stored.arrow", "p.arrow"):
+        assert_dataproto_equal(dp, read_file(tmp_path / name))
+
+
 # ---------------------------------------------------------------- other tools read values
 
 
