@@ -332,12 +332,19 @@ def _array_layout(name: str, metadata: dict[str, str], actual: pa.DataType) -> _
     return _Layout("flat", spec.row_shape + pair, _numeric_leaf(spec.dtype, spec.row_shape))
 
 
+MAX_NESTING = 32
+"""Columns of more dimensions per element stay as stored: Arrow's IPC readers refuse types
+nested more than 64 deep."""
+
+
 def _layout(field: pa.Field) -> _Layout | None:
     """The layout of a column of ours; None for a column the portable view leaves alone."""
     metadata = text_metadata(field.metadata)
     if metadata.get(KIND) in TENSOR_KINDS:
-        return _tensor_layout(field.name, metadata, field.type)
-    return _array_layout(field.name, metadata, field.type)
+        layout = _tensor_layout(field.name, metadata, field.type)
+    else:
+        layout = _array_layout(field.name, metadata, field.type)
+    return None if layout is None or len(layout.dims) > MAX_NESTING else layout
 
 
 # ---------------------------------------------------------------- conversions
@@ -467,18 +474,13 @@ def from_portable(record_batch: pa.RecordBatch) -> pa.RecordBatch:
     for field, array in zip(schema, record_batch.columns):
         try:
             layout = _layout(field)
-        except (KeyError, TypeError, ValueError) as e:  # DecodeError is a ValueError
+            if layout is not None and field.type != layout.stored_type() and field.type in layout.portable_types():
+                array = _column_to_stored(array, layout, field.name)
+                field = field.with_type(array.type)
+        except (pa.ArrowException, KeyError, TypeError, ValueError, OverflowError) as e:  # DecodeError is a ValueError
             if isinstance(e, DecodeError):
                 raise
-            raise column_error(DecodeError, field.name, f"malformed field metadata: {e!r}") from e
-        if layout is not None and field.type != layout.stored_type() and field.type in layout.portable_types():
-            try:
-                array = _column_to_stored(array, layout, field.name)
-            except (pa.ArrowException, ValueError, TypeError) as e:  # DecodeError is a ValueError
-                if isinstance(e, DecodeError):
-                    raise
-                raise column_error(DecodeError, field.name, f"malformed portable column: {e}") from e
-            field = field.with_type(array.type)
+            raise column_error(DecodeError, field.name, f"malformed portable column: {e!r}") from e
         fields.append(field)
         arrays.append(array)
     return _rebuilt(record_batch, fields, arrays, metadata)

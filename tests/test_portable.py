@@ -468,3 +468,23 @@ def test_readme_interop_table_is_current(tmp_path):
     measured = interop_table.render(interop_table.measure(tmp_path))
     in_readme = interop_table.readme_section(interop_table.README.read_text())
     assert in_readme == measured, "the README interop table differs from what the tools report: run python tests/interop_table.py"
+
+
+def test_hostile_portable_metadata_is_a_decode_error():
+    rb = to_arrow(DataProto(TensorDict({"g": torch.zeros(2, 3).bfloat16()}, batch_size=[2])), portable=True)
+    field = rb.schema.field("g")
+    for shape in ("[4294967296]", "[" + ", ".join(["1"] * 5000) + "]", '"x"'):
+        hostile = field.with_metadata({**field.metadata, b"adp.shape": shape.encode()})
+        with pytest.raises(DecodeError, match="'g'"):
+            from_arrow(pa.RecordBatch.from_arrays([rb.column(0)], schema=rb.schema.set(0, hostile)))
+
+
+def test_tensors_of_many_dimensions_stay_as_stored():
+    from arrow_dataproto._portable import MAX_NESTING
+
+    deep = torch.zeros((2,) + (1,) * (MAX_NESTING + 1)).bfloat16()
+    dp = DataProto(TensorDict({"deep": deep, "ok": deep.view(2, -1)}, batch_size=[2]))
+    rb = to_arrow(dp, portable=True)
+    assert rb.schema.field("deep").type == to_arrow(dp).schema.field("deep").type  # fixed_shape_tensor of uint16
+    assert rb.schema.field("ok").type == pa.list_(pa.float32(), 1)
+    roundtrips(dp)
