@@ -7,6 +7,9 @@ reported with the input that caused it. Targets:
 ``ipc``, ``ipc-lz4``, ``ipc-zstd``
     ``from_ipc(bytes)`` on an Arrow IPC stream (uncompressed / compressed),
     as from an untrusted peer: ``allow_pickle=False``.
+``ipc-portable``
+    ``from_ipc(bytes)`` on a stream of the portable view (``to_arrow(portable=True)``):
+    a widened value that no longer narrows must be a ``DecodeError``, never another value.
 ``state``
     ``pickling.rebuild_dataproto(*state)``: the state a DataProto pickles to
     (schema bytes, row count, one ``(length, null_count, offset, buffers,
@@ -307,9 +310,26 @@ def _ipc_target(compression: str | None) -> Target:
     )
 
 
+def _portable_ipc(dp: adp.DataProto) -> bytes:
+    """An IPC stream of the portable view of ``dp`` (``to_arrow(portable=True)``)."""
+    record_batch = adp.to_arrow(dp, portable=True)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, record_batch.schema) as writer:
+        writer.write_batch(record_batch)
+    return sink.getvalue().to_pybytes()
+
+
 def targets() -> dict[str, Target]:
     """The targets available in this checkout, by name."""
     found = [_ipc_target(None), _ipc_target("lz4"), _ipc_target("zstd")]
+    found.append(
+        Target(
+            "ipc-portable",
+            encode=_portable_ipc,
+            decode=adp.from_ipc,
+            mutate=lambda payload, rng, corpus, target: _mutate_stream(payload, rng, corpus, target, None),
+        )
+    )
     found.append(
         Target(
             "state",
