@@ -477,7 +477,7 @@ def from_portable(record_batch: pa.RecordBatch) -> pa.RecordBatch:
             if layout is not None and field.type != layout.stored_type() and field.type in layout.portable_types():
                 array = _column_to_stored(array, layout, field.name)
                 field = field.with_type(array.type)
-        except (pa.ArrowException, KeyError, TypeError, ValueError, OverflowError) as e:  # DecodeError is a ValueError
+        except (pa.ArrowException, KeyError, TypeError, ValueError, OverflowError, RecursionError) as e:  # DecodeError: a ValueError
             if isinstance(e, DecodeError):
                 raise
             raise column_error(DecodeError, field.name, f"malformed portable column: {e!r}") from e

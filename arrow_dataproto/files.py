@@ -449,8 +449,9 @@ def write_file(
     other tools) and ``stream`` (an IPC stream file). ``compression``: ``None``,
     ``"lz4"`` or ``"zstd"``.
     """
-    options = dict(compression=compression, progress=progress, checksums=checksums, portable=portable, stream=stream)
-    with FileWriter(path, **options) as writer:
+    with FileWriter(
+        path, compression=compression, progress=progress, checksums=checksums, portable=portable, stream=stream
+    ) as writer:
         for item in _as_batches(data):
             writer.write(item)
 

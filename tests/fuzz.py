@@ -621,7 +621,9 @@ def _mutate_bytes(payload: bytes, rng: random.Random, donor: bytes, spans=()) ->
         runs = [m.span() for m in re.finditer(rb"\d+", bytes(data))]
         if runs:
             start, end = rng.choice(runs)
-            digits = rng.choice(["0" * (end - start), "9" * (end - start), str(rng.randrange(10 ** (end - start)))])
+            n = end - start  # str() of an int refuses more than 4,300 digits (a long run of digit bytes)
+            random_digits = str(rng.randrange(10**n)) if n <= 4000 else "".join(rng.choices("0123456789", k=n))
+            digits = rng.choice(["0" * n, "9" * n, random_digits])
             data[start:end] = digits.rjust(end - start, "0").encode()
     elif op == "bitflip":
         for _ in range(rng.randrange(1, 9)):

@@ -479,6 +479,16 @@ def test_hostile_portable_metadata_is_a_decode_error():
             from_arrow(pa.RecordBatch.from_arrays([rb.column(0)], schema=rb.schema.set(0, hostile)))
 
 
+def test_deeply_nested_row_shape_is_a_decode_error():
+    """Found by the fuzzer (ipc-portable): JSON nested past the recursion limit in adp.row_shape."""
+    dp = DataProto(non_tensor_batch={"n": np.arange(3.0).astype(np.float16)})
+    rb = to_arrow(dp, portable=True)
+    field = rb.schema.field("n")
+    hostile = field.with_metadata({**field.metadata, b"adp.row_shape": b"[" * 100_000 + b"]" * 100_000})
+    with pytest.raises(DecodeError, match="'n'"):
+        from_arrow(pa.RecordBatch.from_arrays([rb.column(0)], schema=rb.schema.set(0, hostile)))
+
+
 def test_tensors_of_many_dimensions_stay_as_stored():
     from arrow_dataproto._portable import MAX_NESTING
 
