@@ -589,7 +589,8 @@ class _Reader:
     def arrow_dataset(self):
         """The file(s) as a ``pyarrow.dataset.Dataset``, for Arrow-level scans and filters.
 
-        Columns appear as stored (bfloat16 as uint16, tensors as fixed_shape_tensor); only
+        Columns appear as stored (bfloat16 as uint16, tensors as fixed_shape_tensor; a
+        portable file's in its plain types: float32, nested fixed-size lists); only
         the first batch's ``meta_info`` is visible (as schema metadata)."""
         import pyarrow.dataset as ds
 
