@@ -324,14 +324,6 @@ def targets() -> dict[str, Target]:
     found = [_ipc_target(None), _ipc_target("lz4"), _ipc_target("zstd")]
     found.append(
         Target(
-            "ipc-portable",
-            encode=_portable_ipc,
-            decode=adp.from_ipc,
-            mutate=lambda payload, rng, corpus, target: _mutate_stream(payload, rng, corpus, target, None),
-        )
-    )
-    found.append(
-        Target(
             "state",
             encode=lambda dp: _plain_state(pickling.batch_state(adp.to_arrow(dp))),
             decode=_decode_state,
@@ -381,6 +373,14 @@ def targets() -> dict[str, Target]:
             decode=_decode_frame,
             mutate=lambda payload, rng, corpus, target: _mutate_frame(payload, rng),
             seeds=tuple(s for s in SEEDS if s != "pickled"),  # a frame holds the objects themselves: nothing to refuse
+        )
+    )
+    found.append(
+        Target(
+            "ipc-portable",
+            encode=_portable_ipc,
+            decode=adp.from_ipc,
+            mutate=lambda payload, rng, corpus, target: _mutate_stream(payload, rng, corpus, target, None),
         )
     )
     return {t.name: t for t in found}
