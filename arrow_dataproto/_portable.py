@@ -285,7 +285,7 @@ def _nested_type(value_type: pa.DataType, dims: tuple[int, ...]) -> pa.DataType:
     return value_type
 
 
-def _tensor_layout(name: str, metadata: dict[str, str], actual: pa.DataType) -> _Layout | None:
+def _tensor_layout(name: str, metadata: dict[str, str]) -> _Layout:
     spec = TensorSpec.parse(name, metadata)
     storage = STORAGE[spec.dtype]
     dtype = str(spec.dtype).removeprefix("torch.")
@@ -341,7 +341,7 @@ def _layout(field: pa.Field) -> _Layout | None:
     """The layout of a column of ours; None for a column the portable view leaves alone."""
     metadata = text_metadata(field.metadata)
     if metadata.get(KIND) in TENSOR_KINDS:
-        layout = _tensor_layout(field.name, metadata, field.type)
+        layout: _Layout | None = _tensor_layout(field.name, metadata)
     else:
         layout = _array_layout(field.name, metadata, field.type)
     return None if layout is None or len(layout.dims) > MAX_NESTING else layout
