@@ -109,7 +109,18 @@ def every_dtype_batch(rows: int = 5) -> DataProto:
 
 
 def test_every_dtype_and_tensor_kind_round_trips():
-    roundtrips(every_dtype_batch())
+    dp = every_dtype_batch()
+    roundtrips(dp)
+    types = {f.name: f.type for f in to_arrow(dp, portable=True).schema}
+    for name, value_type in {"bfloat16": pa.float32(), "float16": pa.float32(), "float8_e5m2": pa.float32(),
+                             "bool": pa.bool_(), "int8": pa.int8(), "float64": pa.float64(),
+                             "bits8": pa.uint8(), "bits16": pa.uint16(), "float4_e2m1fn_x2": pa.uint8()}.items():
+        if hasattr(torch, name):  # packed bits stay their unsigned storage: they have no float value
+            assert types[f"{name}.vector"] == value_type, name
+            assert types[f"{name}.grid"] == pa.list_(pa.list_(value_type, 3), 2), name
+            assert types[f"{name}.jagged3"] == pa.list_(pa.list_(pa.list_(value_type, 3), 2)), name
+    assert types["complex32.vector"] == pa.list_(pa.float32(), 2)  # (real, imag) pairs, widened
+    assert types["complex128.jagged"] == pa.list_(pa.list_(pa.float64(), 2))
 
 
 def test_mrope_and_shared_offsets_round_trip():
