@@ -435,18 +435,19 @@ def write_file(
 class ColumnInfo:
     """One column as recorded in a file's schema (no data is read).
 
-    ``kind`` is ``"tensor"``, ``"jagged"`` or ``"strided"`` for TensorDict leaves,
+    ``kind`` is ``"tensor"``, ``"jagged"`` or ``"strided"`` for TensorDict leaves and
     ``"numeric"``, ``"string"``, ``"object"`` or ``"pickle"`` for ``non_tensor_batch``
-    columns, and ``"arrow"`` for a column of another tool's file (``dtype`` is then its
-    Arrow type; what it decodes to follows the rule of :func:`~arrow_dataproto.from_arrow`); ``dtype`` the torch dtype name (leaves) or numpy dtype (others); ``shape``
+    columns; ``dtype`` the torch dtype name (leaves) or numpy dtype (others); ``shape``
     the shape of one row, ``None`` for a ragged dimension; ``device`` where a leaf was
-    when written (``None`` for non-tensor columns).
+    when written (``None`` for non-tensor columns). A column of another tool's file has
+    ``kind`` ``"arrow"``, its Arrow type as ``dtype`` and ``shape`` None (what it decodes
+    to follows the rule of :func:`~arrow_dataproto.from_arrow`).
     """
 
     name: str
     kind: str
     dtype: str
-    shape: list
+    shape: list | None
     device: str | None
 
     @property
