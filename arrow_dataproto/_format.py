@@ -139,11 +139,17 @@ def check_schema(schema: pa.Schema) -> dict[str, str]:
             f"format version {version} is not readable by this version of arrow-dataproto, "
             f"which reads {FORMAT_VERSION[0]}.x"
         )
+    check_field_names(schema)
+    return metadata
+
+
+def check_field_names(schema: pa.Schema) -> None:
+    """:class:`DecodeError` if a column name (nested ones too) is not valid UTF-8 (a corrupt
+    payload: pyarrow would raise ``UnicodeDecodeError`` wherever the name is read)."""
     try:
         _read_field_names(list(schema))
-    except UnicodeDecodeError as e:  # a corrupt payload
+    except UnicodeDecodeError as e:
         raise DecodeError(f"column names are not valid UTF-8: {e}") from None
-    return metadata
 
 
 def _read_field_names(fields: list[pa.Field]) -> None:

@@ -93,6 +93,7 @@ from ._format import (
     SHAPE,
     TENSOR_KINDS,
     Node,
+    check_field_names,
     check_schema,
     resolve_columns,
     text_metadata,
@@ -862,7 +863,9 @@ class FileReader(_Reader):
             footer = text_metadata(reader.metadata)
             self.stream = self._stream is not None
             self.foreign = _foreign.is_foreign(self.schema)
-            if not self.foreign:
+            if self.foreign:
+                check_field_names(self.schema)
+            else:
                 check_schema(self.schema)
             compression = footer.get(COMPRESSION) or _first_codec(data, self._stream)
         except BaseException:

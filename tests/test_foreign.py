@@ -546,6 +546,23 @@ def test_damaged_stream_files_are_decode_errors_never_crashes(tmp_path):
         files.open_file(path)
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_column_names_that_are_not_utf8_are_decode_errors(tmp_path, stream):
+    data = _stream_of(pa.record_batch({"zzzz": [1, 2]})) if stream else None
+    if data is None:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, pa.schema([("zzzz", pa.int64())])) as writer:
+            writer.write_batch(pa.record_batch({"zzzz": [1, 2]}))
+        data = sink.getvalue().to_pybytes()
+    damaged = data.replace(b"zzzz", b"\xc8\xc8zz")
+    (tmp_path / "names.arrow").write_bytes(damaged)
+    with pytest.raises(DecodeError, match="UTF-8"):
+        files.read_file(tmp_path / "names.arrow")
+    if stream:
+        with pytest.raises(DecodeError, match="UTF-8"):
+            adp.from_ipc(damaged)
+
+
 # ---------------------------------------------------------------- generated tables
 
 
