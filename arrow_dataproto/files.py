@@ -633,7 +633,7 @@ class _Reader:
         """
         fields, keep = self._fields(columns)
         batch, metadata = self._read([self._index(i)], fields)[0]
-        tree = Node.parse(metadata) if keep is not None else None
+        tree = Node.parse(metadata) if keep is not None and not _foreign.is_foreign(self.schema) else None
         if tree is not None:
             metadata = {**metadata, **tree.select(set(keep or ())).metadata()}
         return batch.replace_schema_metadata(metadata)

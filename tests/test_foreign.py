@@ -393,6 +393,8 @@ def test_polars_tables_and_files(tmp_path):
         assert out.non_tensor_batch["s"].tolist() == ["a", "bb", None]
         assert out.non_tensor_batch["st"].tolist() == [{"k": 1}, {"k": 2}, {"k": None}]
     assert files.open_file(tmp_path / "plz.arrow").compression == "zstd"
+    stored = files.open_file(tmp_path / "pls.arrow").read_arrow(0, columns=["arr", "s"])
+    assert stored.schema.names == ["s", "arr"] and adp.from_arrow(stored).non_tensor_batch["s"][1] == "bb"
     assert files.open_file(tmp_path / "pls.arrow").stream
 
 
