@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime
 import decimal
-import io
 import json
 
 import numpy as np
