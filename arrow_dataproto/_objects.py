@@ -46,8 +46,11 @@ protocol-5 pickle).
 from __future__ import annotations
 
 import base64
+import itertools
 import json
+import operator
 import pickle
+from functools import partial
 from typing import Any, Callable, Union
 
 import numpy as np
@@ -58,7 +61,7 @@ from . import _limits
 from ._format import ARRAY_KINDS, KIND, META_INFO, META_INFO_ENCODING, ArraySpec
 from .errors import DecodeError, EncodeError, PickleNotAllowedError, column_error
 
-NUMERIC, STRING, OBJECT, PICKLE = ARRAY_KINDS
+NUMERIC, STRING, OBJECT, JSON, PICKLE = ARRAY_KINDS
 
 _PICKLE_REFUSED = (
     "holds pickled values; pass allow_pickle=True only for data from a trusted source "
@@ -185,6 +188,120 @@ def _check_type(array: pa.Array, expected: pa.DataType) -> None:
     _check(array.type == expected, f"expected Arrow type {expected}, got {array.type}")
 
 
+_not_none = partial(operator.is_not, None)
+
+
+def _may_be_native(group: list, depth: int = 3) -> bool:
+    """False when no Arrow type can hold the values found at one position of an object column
+    (the rows; the items of their lists; the values of one dict key) and give each back with
+    its Python type: two Python types besides None (Arrow gives one type back per column:
+    ``1`` and ``2.5`` come back as floats), or dicts whose keys differ (Arrow makes one struct
+    of all the keys). Looks ``depth`` positions deep; True means "try": :meth:`Object.encode`
+    still checks every value. A cheap test that spares the native attempt for most columns
+    that would fail it (most JSON columns)."""
+    present = list(filter(_not_none, group))
+    types = set(map(type, present))
+    if len(types) != 1 or depth == 0:
+        return len(types) <= 1
+    kind = types.pop()
+    if kind is list:
+        return _may_be_native(list(itertools.chain.from_iterable(present)), depth - 1)
+    if kind is dict:
+        if len(set(map(tuple, present))) > 1:
+            return False
+        return all(_may_be_native(list(field), depth - 1) for field in zip(*map(dict.values, present)))
+    return True
+
+
+JSON_MAX_DEPTH = 200
+"""Rows nested deeper than this (lists and dicts in lists and dicts) are pickled, not JSON."""
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _is_json(value: Any, depth: int = JSON_MAX_DEPTH) -> bool:
+    """Whether JSON gives ``value`` back exactly: built only of ``None``, ``bool``, ``int`` in
+    the int64 range, finite ``float``, ``str``, ``list`` and ``dict`` with ``str`` keys, exact
+    types (no subclass: ``IntEnum``, ``np.float64``, ``OrderedDict`` are not), at most
+    :data:`JSON_MAX_DEPTH` containers deep (which also rules out cycles).
+
+    A walk over the types, not an encode + decode + compare: measured 2-3x faster
+    (``benchmarks/bench_json.py``). Leaves are checked inline, containers recursively."""
+    kind = type(value)
+    if kind is dict:
+        for key in value:
+            if type(key) is not str:
+                return False
+        items: Any = value.values()
+    elif kind is list:
+        items = value
+    else:
+        return _is_json_leaf(value, kind)
+    if depth == 0:
+        return False
+    low, high = _INT64
+    for item in items:
+        kind = type(item)
+        if kind is str or item is None or kind is bool:
+            continue
+        if kind is int:
+            if low <= item <= high:
+                continue
+            return False
+        if kind is float:
+            if item - item == 0.0:  # finite (NaN and infinities give NaN)
+                continue
+            return False
+        if not ((kind is dict or kind is list) and _is_json(item, depth - 1)):
+            return False
+    return True
+
+
+def _is_json_leaf(value: Any, kind: type) -> bool:
+    if kind is str or value is None or kind is bool:
+        return True
+    if kind is int:
+        return _INT64[0] <= value <= _INT64[1]
+    return kind is float and value - value == 0.0
+
+
+_JSON_TEXT = json.JSONEncoder(ensure_ascii=False, allow_nan=False, check_circular=False, separators=(",", ":")).encode
+_JSON_ASCII = json.JSONEncoder(allow_nan=False, check_circular=False, separators=(",", ":")).encode
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+_JSON_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+_JSON_TYPE: Callable[[pa.DataType], pa.DataType] | None = getattr(pa, "json_", None)
+"""``pa.json_`` (pyarrow >= 19); on older pyarrow a JSON column is its plain UTF-8 storage."""
+MAX_STRING_BYTES = 2**31 - 1
+"""The most bytes of text a JSON column stores with 32-bit offsets (``string``); more: ``large_string``."""
+
+
+def json_type(storage: pa.DataType = pa.string()) -> pa.DataType:
+    """The Arrow type of a JSON column: the canonical ``arrow.json`` extension over ``storage``
+    (``string`` or ``large_string``), or ``storage`` itself where pyarrow lacks ``pa.json_``."""
+    return storage if _JSON_TYPE is None else _JSON_TYPE(storage)
+
+
+def _json_storage(array: pa.Array) -> pa.Array:
+    return array.storage if isinstance(array, pa.ExtensionArray) else array
+
+
+def _load_json(text: str | None) -> Any:
+    """One row's value: ``None`` for a null; JSON text otherwise (``NaN``/``Infinity`` refused)."""
+    if text is None:
+        return None
+    try:  # the fast path: the C scanner over text with no surrounding whitespace (ours)
+        value, end = _JSON_DECODER.raw_decode(text)
+        if end == len(text):
+            return value
+    except ValueError:
+        pass
+    return _JSON_DECODER.decode(text)  # whitespace around the value (other writers) or garbage
+
+
 # --- the kinds: encode returns None to fall back to pickle; decode raises any exception
 # on malformed input (decode_column names the column) ------------------------------------
 
@@ -263,6 +380,8 @@ class Object:
         if values.ndim != 1:
             return None
         rows = values.tolist()
+        if not _may_be_native(rows):
+            return None
         try:
             array = _to_arrow(rows)
         except Exception:  # pa.array calls into arbitrary user objects; any failure -> pickle
@@ -276,6 +395,52 @@ class Object:
         _check(not row_shape, f"object columns are 1-D, got row shape {list(row_shape)}")
         _check(_is_plain(array.type), f"unsupported Arrow type for an object column: {array.type}")
         return np.fromiter(array.to_pylist(), dtype=object, count=len(array))
+
+
+class Json:
+    """1-D ``O`` whose rows JSON gives back exactly: one JSON text per row (a ``None`` row is a
+    null), as the canonical ``arrow.json`` extension type over ``string`` (``large_string``
+    past :data:`MAX_STRING_BYTES` of text)."""
+
+    kind = JSON
+    dtype_kinds = "O"
+
+    @staticmethod
+    def encode(name: str, values: np.ndarray) -> pa.Array | None:
+        if values.ndim != 1:
+            return None
+        rows = values.tolist()
+        if not all(map(_is_json, rows)):
+            return None
+        return Json.encode_rows(rows)
+
+    @staticmethod
+    def encode_rows(rows: list) -> pa.Array:
+        """The JSON column of ``rows``, each of which :func:`_is_json` accepted."""
+        texts = [None if row is None else _JSON_TEXT(row) for row in rows]
+        try:
+            storage = pa.array(texts, pa.large_string())
+        except UnicodeEncodeError:  # a lone surrogate ("\ud800") has no UTF-8: escape as \uXXXX
+            storage = pa.array([None if row is None else _JSON_ASCII(row) for row in rows], pa.large_string())
+        if storage.buffers()[2].size <= MAX_STRING_BYTES:
+            storage = storage.cast(pa.string())
+        return pa.ExtensionArray.from_storage(json_type(storage.type), storage) if _JSON_TYPE else storage
+
+    @staticmethod
+    def decode(array: pa.Array, dtype: np.dtype, row_shape: tuple[int, ...]) -> np.ndarray:
+        _check(not row_shape, f"JSON columns are 1-D, got row shape {list(row_shape)}")
+        storage = _json_storage(array)
+        _check(
+            array.type in (json_type(storage.type), storage.type) and storage.type in (pa.string(), pa.large_string()),
+            f"expected JSON text (arrow.json over string or large_string), got {array.type}",
+        )
+        out = np.empty(len(storage), dtype=object)
+        for i, text in enumerate(storage.to_pylist()):
+            try:
+                out[i] = _load_json(text)
+            except ValueError as exc:
+                raise ValueError(f"row {i} is not JSON: {exc}") from None
+        return out
 
 
 class Pickle:
@@ -308,12 +473,13 @@ class Pickle:
         return out
 
 
-_Kind = Union[type[Numeric], type[String], type[Object], type[Pickle]]
-_BY_DTYPE_KIND: dict[str, _Kind] = {
-    dtype_kind: kind for kind in (Numeric, String, Object) for dtype_kind in kind.dtype_kinds
+_Kind = Union[type[Numeric], type[String], type[Object], type[Json], type[Pickle]]
+_BY_DTYPE_KIND: dict[str, tuple[_Kind, ...]] = {
+    **{dtype_kind: (kind,) for kind in (Numeric, String) for dtype_kind in kind.dtype_kinds},
+    "O": (Object, Json),
 }
-"""numpy ``dtype.kind`` -> the kind tried first when encoding (Pickle is the fallback)."""
-KINDS: dict[str, _Kind] = {kind.kind: kind for kind in (Numeric, String, Object, Pickle)}
+"""numpy ``dtype.kind`` -> the kinds tried in order when encoding (Pickle is the fallback)."""
+KINDS: dict[str, _Kind] = {kind.kind: kind for kind in (Numeric, String, Object, Json, Pickle)}
 """``adp.kind`` -> the kind's class."""
 
 
@@ -339,11 +505,12 @@ def encode_column(name: str, values: np.ndarray) -> tuple[pa.Array, dict[str, st
         )
     spec = ArraySpec(PICKLE, values.dtype, values.shape[1:])
     metadata = spec.metadata(name)  # EncodeError for a dtype that cannot be recorded
-    kind = _BY_DTYPE_KIND.get(values.dtype.kind, Pickle)
-    array = kind.encode(name, values)
-    if array is None:  # the kind declined (a longdouble, objects Arrow would change): pickle
-        kind, array = Pickle, Pickle.encode(name, values)
-    return array, {**metadata, KIND: kind.kind}
+    for kind in _BY_DTYPE_KIND.get(values.dtype.kind, ()):
+        array = kind.encode(name, values)
+        if array is not None:
+            return array, {**metadata, KIND: kind.kind}
+    # every kind declined (a longdouble, objects neither Arrow nor JSON gives back): pickle
+    return Pickle.encode(name, values), {**metadata, KIND: PICKLE}
 
 
 def decode_column(
