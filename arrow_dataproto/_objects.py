@@ -58,7 +58,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import _limits
-from ._format import ARRAY_KINDS, KIND, META_INFO, META_INFO_ENCODING, ArraySpec
+from ._format import ARRAY_KINDS, KIND, META_INFO, META_INFO_ENCODING, ArraySpec, text_metadata
 from .errors import DecodeError, EncodeError, PickleNotAllowedError, column_error
 
 NUMERIC, STRING, OBJECT, JSON, PICKLE = ARRAY_KINDS
@@ -264,8 +264,20 @@ def _is_json_leaf(value: Any, kind: type) -> bool:
     return kind is float and value - value == 0.0
 
 
-_JSON_TEXT = json.JSONEncoder(ensure_ascii=False, allow_nan=False, check_circular=False, separators=(",", ":")).encode
-_JSON_ASCII = json.JSONEncoder(allow_nan=False, check_circular=False, separators=(",", ":")).encode
+def _json_encoder(ensure_ascii: bool) -> Callable[[Any], str]:
+    """Compact JSON text of a value :func:`_is_json` accepted (so no NaN, no cycles). The C
+    encoder is made once, not per row as ``JSONEncoder.encode`` does: 10-15% faster."""
+    encoder = json.JSONEncoder(ensure_ascii=ensure_ascii, allow_nan=False, check_circular=False, separators=(",", ":"))
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # an interpreter without the C accelerator
+        return encoder.encode
+    strings = json.encoder.c_encode_basestring_ascii if ensure_ascii else json.encoder.c_encode_basestring
+    chunks = make(None, encoder.default, strings, None, ":", ",", False, False, False)
+    return lambda value: "".join(chunks(value, 0))
+
+
+_JSON_TEXT = _json_encoder(ensure_ascii=False)
+_JSON_ASCII = _json_encoder(ensure_ascii=True)
 
 
 def _refuse_constant(name: str) -> Any:
@@ -283,6 +295,10 @@ def json_type(storage: pa.DataType = pa.string()) -> pa.DataType:
     """The Arrow type of a JSON column: the canonical ``arrow.json`` extension over ``storage``
     (``string`` or ``large_string``), or ``storage`` itself where pyarrow lacks ``pa.json_``."""
     return storage if _JSON_TYPE is None else _JSON_TYPE(storage)
+
+
+def _as_json(storage: pa.Array) -> pa.Array:
+    return pa.ExtensionArray.from_storage(json_type(storage.type), storage) if _JSON_TYPE else storage
 
 
 def _json_storage(array: pa.Array) -> pa.Array:
@@ -424,7 +440,7 @@ class Json:
             storage = pa.array([None if row is None else _JSON_ASCII(row) for row in rows], pa.large_string())
         if storage.buffers()[2].size <= MAX_STRING_BYTES:
             storage = storage.cast(pa.string())
-        return pa.ExtensionArray.from_storage(json_type(storage.type), storage) if _JSON_TYPE else storage
+        return _as_json(storage)
 
     @staticmethod
     def decode(array: pa.Array, dtype: np.dtype, row_shape: tuple[int, ...]) -> np.ndarray:
@@ -511,6 +527,37 @@ def encode_column(name: str, values: np.ndarray) -> tuple[pa.Array, dict[str, st
             return array, {**metadata, KIND: kind.kind}
     # every kind declined (a longdouble, objects neither Arrow nor JSON gives back): pickle
     return Pickle.encode(name, values), {**metadata, KIND: PICKLE}
+
+
+def encode_as(name: str, values: np.ndarray, field: pa.Field) -> pa.Array | None:
+    """``values`` (an object array) encoded the way an existing column ``field`` (one that
+    :func:`encode_column` made, e.g. a file's) stores its rows: in its kind (``object``,
+    ``json`` or ``pickle``) and its Arrow type. None when they would not come back exactly
+    that way (another kind, a type that changes a value), or the kind is another.
+
+    Raises:
+        EncodeError: a row that needs pickling cannot be pickled.
+    """
+    kind, arrow_type = text_metadata(field.metadata).get(KIND), field.type
+    if kind == PICKLE:
+        return Pickle.encode(name, values)
+    if values.ndim != 1:
+        return None
+    rows = values.tolist()
+    if kind == OBJECT and _is_plain(arrow_type):
+        try:
+            array = pa.array(rows, type=arrow_type)
+        except Exception:  # pa.array calls into arbitrary user objects
+            return None
+        return array if all(map(same, rows, array.to_pylist())) else None
+    if kind == JSON and all(map(_is_json, rows)):
+        array = Json.encode_rows(rows)
+        try:
+            storage = _json_storage(array).cast(getattr(arrow_type, "storage_type", arrow_type))
+        except pa.ArrowException:  # more than 2 GiB of text for a string column
+            return None
+        return _as_json(storage)
+    return None
 
 
 def decode_column(
