@@ -5,7 +5,8 @@ Arrow array with one entry per row plus field metadata; :func:`decode_column` in
 The field metadata always holds three keys:
 
 ``adp.kind``
-    How the column is stored: ``"numeric"``, ``"string"``, ``"object"`` or ``"pickle"``.
+    How the column is stored: ``"numeric"``, ``"string"``, ``"object"``, ``"json"`` (since
+    format 1.2) or ``"pickle"``.
 ``adp.dtype``
     The numpy dtype of the column: ``np.dtype.str`` (``"<i4"``, ``"|O"``, ``">M8[ns]"``),
     or, for a structured dtype, the JSON of ``np.lib.format.dtype_to_descr``.
@@ -29,12 +30,22 @@ Representations, by numpy dtype kind:
   bytes, nulls for ``None``, lists and structs of those), kept only if converting it back
   gives values equal to the originals with the same Python types, recursively (so bool
   stays distinct from int, tuple from list, dict key order counts; NaN equals NaN).
+- ``O`` 1-D failing that check (kind ``json``): when every row is a JSON value that JSON
+  gives back exactly (:func:`_is_json`: ``None``, ``bool``, int64-range ``int``, finite
+  ``float``, ``str``, ``list``, ``dict`` with ``str`` keys, exact types, at most
+  :data:`JSON_MAX_DEPTH` deep), the canonical ``arrow.json`` extension type over
+  ``string``: one compact JSON text per row (UTF-8; ASCII-escaped for a column holding a
+  lone surrogate), a ``None`` row a null. Rows may mix types and dict keys: JSON keeps
+  ``1`` / ``1.0`` / ``True`` apart and dict key order. Tuples, bytes, non-``str`` keys,
+  NaN/infinities, bigger ints, subclasses (``IntEnum``, ``np.float64``) and other objects
+  are not JSON. Decoding parses each row (``NaN``/``Infinity`` literals refused).
 - everything else, including N-D object arrays, structured dtypes, longdouble and object
-  columns failing the check above (kind ``pickle``): ``pa.large_binary()`` holding one
+  columns failing both checks above (kind ``pickle``): ``pa.large_binary()`` holding one
   ``pickle.dumps(row, protocol=5)`` per row. Decoding needs ``allow_pickle=True``.
 
 String and object columns use 32-bit offsets unless a column holds more than 2 GiB of
-string, binary or list data, in which case it is re-encoded with the ``large_`` types.
+string, binary or list data, in which case it is re-encoded with the ``large_`` types; a
+JSON column uses ``large_string`` storage past :data:`MAX_STRING_BYTES` of text.
 Pickled columns are always ``large_binary``.
 
 :func:`encode_meta_info` stores ``meta_info`` in schema metadata: ``adp.meta_info`` holds

@@ -209,8 +209,13 @@ class FileWriter:
     the batch size and ``meta_info`` may differ from batch to batch. Object columns of
     ``non_tensor_batch`` take their Arrow type from their values (see
     :mod:`arrow_dataproto._objects`): a column of only ``None`` (or of no rows) adopts the
-    file's type, but values that give another type (dicts with other keys, ints where
-    the file has strings) are refused like any other difference.
+    file's type, and values that give another type (dicts with other keys, floats where
+    the file has ints) are unified with the file's column by the schema-evolution rule of
+    ``docs/format.md``: encoded in the file's type when they come back exactly in it, else
+    the column is widened to the batch's native type or promoted to JSON, which rewrites the
+    batches written so far once (one read and one write of them). Values that would need
+    pickling in a column the file does not pickle are refused with
+    :class:`SchemaMismatchError` (reading the file would newly need ``allow_pickle=True``).
 
     Bytes go to ``PATH.<random>.partial`` in the same folder; :meth:`close` writes the
     footer and renames it over ``PATH``, so ``PATH`` never holds a half-written file and a
@@ -542,7 +547,7 @@ class ColumnInfo:
     """One column as recorded in a file's schema (no data is read).
 
     ``kind`` is ``"tensor"``, ``"jagged"`` or ``"strided"`` for TensorDict leaves and
-    ``"numeric"``, ``"string"``, ``"object"`` or ``"pickle"`` for ``non_tensor_batch``
+    ``"numeric"``, ``"string"``, ``"object"``, ``"json"`` or ``"pickle"`` for ``non_tensor_batch``
     columns; ``dtype`` the torch dtype name (leaves) or numpy dtype (others); ``shape``
     the shape of one row, ``None`` for a ragged dimension; ``device`` where a leaf was
     when written (``None`` for non-tensor columns).
