@@ -218,8 +218,10 @@ def _may_be_native(group: list, depth: int = 3) -> bool:
     if kind is list:
         return _may_be_native(list(itertools.chain.from_iterable(present)), depth - 1)
     if kind is dict:
-        if len(set(map(tuple, present))) > 1:
-            return False
+        keys = tuple(present[0])
+        for row in present:  # stops at the first other keys (most JSON columns: soon)
+            if tuple(row) != keys:
+                return False
         return all(_may_be_native(list(field), depth - 1) for field in zip(*map(dict.values, present)))
     return True
 
@@ -252,18 +254,19 @@ def _is_json(value: Any, depth: int = JSON_MAX_DEPTH) -> bool:
     low, high = _INT64
     for item in items:
         kind = type(item)
-        if kind is str or item is None or kind is bool:
+        if kind is str or kind is bool or item is None:
             continue
+        if kind is dict or kind is list:
+            if _is_json(item, depth - 1):
+                continue
+            return False
         if kind is int:
             if low <= item <= high:
                 continue
             return False
-        if kind is float:
-            if item - item == 0.0:  # finite (NaN and infinities give NaN)
-                continue
-            return False
-        if not ((kind is dict or kind is list) and _is_json(item, depth - 1)):
-            return False
+        if kind is float and item - item == 0.0:  # finite (NaN and infinities give NaN)
+            continue
+        return False
     return True
 
 

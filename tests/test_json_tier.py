@@ -342,3 +342,14 @@ def test_refused_unifications_leave_the_writer_usable(tmp_path, case):
             writer.write(second)
         writer.write(first)
     assert_dataproto_equal(adp.DataProto.concat([first, first]), files.read_file(tmp_path / "f.arrow"))
+
+
+def test_pandas_round_trip_keeps_json_columns():
+    from arrow_dataproto.pandas import from_pandas, to_pandas
+
+    dp = adp.DataProto(*verl_rollout(rows=8, prompt=3, response=3, seed=4))
+    df = to_pandas(dp)
+    assert df["extra_info"][0] == dp.non_tensor_batch["extra_info"][0]  # cells are the values (dicts)
+    back = from_pandas(df)
+    assert_dataproto_equal(dp, back)
+    assert adp.to_arrow(back).schema.field("scores").type == JSON_TYPE
