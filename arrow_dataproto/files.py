@@ -358,7 +358,7 @@ class FileWriter:
         if array is not None:
             return expected, array
         if file_kind != OBJECT:
-            raise refuse(f"the file stores it as JSON and this batch's values are not JSON (reading them would need allow_pickle=True)")
+            raise refuse("the file stores it as JSON and this batch's values are not JSON (reading them would need allow_pickle=True)")
         as_json = expected.with_type(json_type()).with_metadata({**text_metadata(expected.metadata), KIND: JSON})
         candidates = ([field] if kind == OBJECT else []) + [as_json]
         for target in candidates:
