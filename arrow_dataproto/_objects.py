@@ -285,7 +285,7 @@ def _json_encoder(ensure_ascii: bool) -> Callable[[Any], str]:
     make = getattr(json.encoder, "c_make_encoder", None)
     if make is None:  # an interpreter without the C accelerator
         return encoder.encode
-    strings = json.encoder.c_encode_basestring_ascii if ensure_ascii else json.encoder.c_encode_basestring
+    strings = json.encoder.encode_basestring_ascii if ensure_ascii else json.encoder.encode_basestring
     chunks = make(None, encoder.default, strings, None, ":", ",", False, False, False)
     return lambda value: "".join(chunks(value, 0))
 

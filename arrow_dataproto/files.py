@@ -393,6 +393,7 @@ class FileWriter:
         take their new field (each old column decoded and encoded again), then continue in it.
         Costs one read and one write of what was written (decompressing and compressing again
         for a compressed file). On an error the new file is deleted and the writer is as it was."""
+        assert self._schema is not None and self._writer is not None  # a batch was written
         schema = pa.schema([targets.get(f.name, f) for f in self._schema], metadata=self._schema.metadata)
         old_fields = dict(self._fields)
         partial = self.path.with_name(f"{self.path.name}.{secrets.token_hex(4)}.partial")
@@ -416,7 +417,6 @@ class FileWriter:
             if isinstance(e, (pa.ArrowException, OSError)):
                 raise EncodeError(f"cannot rewrite {self.path} with the unified columns {list(targets)}: {e}") from e
             raise
-        assert self._writer is not None
         self._writer.close()
         self._sink.close()
         self._partial.unlink(missing_ok=True)
