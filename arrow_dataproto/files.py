@@ -728,6 +728,22 @@ class _Reader:
         batch, metadata = self._read([self._index(i)], fields)[0]
         return self._decode(batch, metadata, keep, None, meta_info)
 
+    def read_arrow(self, i: int, columns: Iterable[str] | None = None) -> pa.RecordBatch:
+        """Batch ``i`` as stored, nothing decoded: a RecordBatch that :func:`~arrow_dataproto.from_arrow`
+        turns into the DataProto :meth:`read_batch` gives (its schema metadata holds the
+        batch's tree, trimmed to ``columns``, and ``meta_info``).
+
+        Zero-copy for uncompressed files (the columns view the file's memory map); a
+        compressed file decompresses only ``columns``. Pickled columns stay bytes, so no
+        ``allow_pickle`` is needed here; decoding them is what needs it.
+        """
+        fields, keep = self._fields(columns)
+        batch, metadata = self._read([self._index(i)], fields)[0]
+        tree = Node.parse(metadata) if keep is not None else None
+        if tree is not None:
+            metadata = {**metadata, **tree.select(set(keep or ())).metadata()}
+        return batch.replace_schema_metadata(metadata)
+
     def read_rows(
         self, start: int = 0, stop: int | None = None, columns: Iterable[str] | None = None, *, meta_info: bool = True
     ) -> DataProto:

@@ -548,3 +548,28 @@ def test_pyarrow_dataset_reads_our_files(tmp_path):
     assert np.array_equal(ids, expected.batch["input_ids"].numpy())
     assert json.loads(table.schema.field("input_ids").metadata[b"adp.shape"]) == [12]
 
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_read_arrow_gives_the_stored_batch_that_decodes_like_read_batch(tmp_path, compression):
+    """``read_arrow`` decodes nothing: pickled columns stay bytes (no allow_pickle needed),
+    and ``from_arrow`` of what it returns is what ``read_batch`` gives, column subsets included
+    (the tree in its metadata is trimmed to them)."""
+    from arrow_dataproto import from_arrow
+
+    path = tmp_path / "p.arrow"
+    batches = [_pickled(), _pickled()]
+    batches[1].meta_info["step"] = 1
+    write_file(path, batches, compression=compression)
+    with open_file(path, allow_pickle=True) as reader:
+        stored = reader.read_arrow(1)
+        assert stored.schema.field("tags").type == pa.large_binary()
+        assert_dataproto_equal(from_arrow(stored, allow_pickle=True), reader.read_batch(1))
+        subset = reader.read_arrow(-1, columns=["extra", "uid"])
+        assert subset.schema.names == ["extra.values", "uid"]
+        assert json.loads(subset.schema.metadata[b"adp.tree"]) == [["extra", [3], None, ["values"]]]
+        assert_dataproto_equal(from_arrow(subset, allow_pickle=True), reader.read_batch(1, columns=["extra", "uid"]))
+        with pytest.raises(ColumnNotFoundError):
+            reader.read_arrow(0, columns=["nope"])
+        with pytest.raises(IndexError):
+            reader.read_arrow(2)
