@@ -31,7 +31,7 @@ from ._dtypes import dtype_from_name, dtype_name
 from .errors import ColumnNotFoundError, DecodeError, EncodeError, FormatVersionError, column_error
 
 FORMAT_NAME = "arrow-dataproto"
-FORMAT_VERSION = (1, 1)
+FORMAT_VERSION = (1, 2)
 """Major.minor. A reader accepts any minor of its own major and refuses other majors."""
 
 KEY_PREFIX = "adp."
@@ -65,7 +65,7 @@ structure (offsets) it shares."""
 
 TENSOR_KINDS = ("tensor", "jagged", "strided")
 """``adp.kind`` of the columns of TensorDict leaves."""
-ARRAY_KINDS = ("numeric", "string", "object", "pickle")
+ARRAY_KINDS = ("numeric", "string", "object", "json", "pickle")
 """``adp.kind`` of the columns of ``non_tensor_batch`` arrays."""
 COMPRESSIONS = (None, "lz4", "zstd")
 
