@@ -38,6 +38,7 @@ from ._format import (
     VERSION,
     Node,
     TensorSpec,
+    check_field_names,
     check_schema,
     text_metadata,
     version_text,
@@ -359,6 +360,7 @@ def decode(
         raise DecodeError(f"expected a pyarrow.RecordBatch, got {type(record_batch).__name__}")
     foreign = _foreign.is_foreign(record_batch.schema)
     if foreign:  # narrowed first: the rule looks at the rows and columns read, nothing else
+        check_field_names(record_batch.schema)
         record_batch = _narrowed(record_batch, columns, rows)
         validate_arrow(record_batch)
         record_batch = _foreign.adopt(record_batch)

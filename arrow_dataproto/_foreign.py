@@ -5,7 +5,7 @@ library (pandas ``to_feather``, polars, DuckDB, HF ``datasets``, Ray Data, a
 hand-built table). :func:`adopt` turns it into a RecordBatch of this format, so the
 normal decoding path (validation, ``columns=``, ``rows=``, ``device=``, ``copy=``)
 applies. The rule, column by column (``docs/format.md``, "Reading tables of other
-tools", is its prose; :data:`RULE` lists it):
+tools", says the same):
 
 ========================================================  ==========================
 Arrow column                                              DataProto
@@ -72,17 +72,6 @@ from ._format import (
     version_text,
 )
 from .errors import DecodeError, column_error
-
-RULE = (
-    ("integer, float, bool, bool8", "batch: 1-D tensor [B]"),
-    ("fixed_size_list, fixed_shape_tensor, Ray tensors, lists all of one length", "batch: dense tensor [B, d1..dn]"),
-    ("numeric lists of varying length (outermost level only)", "batch: jagged torch.nested [B, j, ...]"),
-    ("arrow.json", "non_tensor_batch: parsed Python values"),
-    ("timestamp, date, duration", "non_tensor_batch: datetime64 / timedelta64 (NaT for a null)"),
-    ("anything else (strings, structs, maps, other lists, dictionaries, decimals...)",
-     "non_tensor_batch: object array of Python values (None for a null)"),
-)
-"""The rule as (Arrow column, DataProto) rows; the module docstring explains each."""
 
 _NUMERIC: dict[pa.DataType, torch.dtype] = {
     pa.int8(): torch.int8, pa.int16(): torch.int16, pa.int32(): torch.int32, pa.int64(): torch.int64,

@@ -59,6 +59,8 @@ def _count(n: int, noun: str) -> str:
 
 
 def _shape(shape: Any) -> str:
+    if shape is None:  # another tool's column
+        return "-"
     if not isinstance(shape, list):
         return str(shape)
     return "[" + ", ".join("*" if n is None else str(n) for n in shape) + "]"

@@ -98,11 +98,12 @@ from ._format import (
     SHAPE,
     TENSOR_KINDS,
     Node,
+    check_field_names,
     check_schema,
     resolve_columns,
     text_metadata,
 )
-from ._objects import PICKLE, decode_meta_info
+from ._objects import JSON, OBJECT, PICKLE, decode_column, decode_meta_info, encode_as, json_type
 from ._progress import progress_bar
 
 __all__ = [
@@ -228,8 +229,13 @@ class FileWriter:
     the batch size and ``meta_info`` may differ from batch to batch. Object columns of
     ``non_tensor_batch`` take their Arrow type from their values (see
     :mod:`arrow_dataproto._objects`): a column of only ``None`` (or of no rows) adopts the
-    file's type, but values that give another type (dicts with other keys, ints where
-    the file has strings) are refused like any other difference.
+    file's type, and values that give another type (dicts with other keys, floats where
+    the file has ints) are unified with the file's column by the schema-evolution rule of
+    ``docs/format.md``: encoded in the file's type when they come back exactly in it, else
+    the column is widened to the batch's native type or promoted to JSON, which rewrites the
+    batches written so far once (one read and one write of them). Values that would need
+    pickling in a column the file does not pickle are refused with
+    :class:`SchemaMismatchError` (reading the file would newly need ``allow_pickle=True``).
 
     Bytes go to ``PATH.<random>.partial`` in the same folder; :meth:`close` writes the
     footer and renames it over ``PATH``, so ``PATH`` never holds a half-written file and a
@@ -302,8 +308,8 @@ class FileWriter:
         if self._writer is None or self._schema is None:
             writer = self._start(batch.schema)
         else:
+            batch = self._evolve(self._conform(batch))
             writer = self._writer
-            batch = self._conform(batch)
             differences = schema_difference(self._schema, batch.schema)
             if differences:
                 raise SchemaMismatchError(
@@ -343,6 +349,114 @@ class FileWriter:
             if expected is not None and _adopts(field, len(columns[i]), expected):
                 schema, columns[i] = schema.set(i, expected), pa.nulls(len(columns[i]), expected.type)
         return batch if schema is batch.schema else pa.RecordBatch.from_arrays(columns, schema=schema)
+
+    def _evolve(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """``batch`` with each column whose rows chose another Arrow type than the file's (object,
+        json and pickle columns of one dtype and row shape) unified with the file's column, by
+        the schema-evolution rule of ``docs/format.md``: the batch's values in the file's type
+        if they come back exactly in it; else, for a native column of the file, the batch's own
+        type if the rows written so far come back exactly in it, or else JSON, rewriting the
+        batches written so far (:meth:`_rewrite`). Raises :class:`SchemaMismatchError` when
+        only pickling would hold the values and the file's column is not pickled already (a
+        reader would newly need ``allow_pickle=True``); nothing is written then."""
+        targets: dict[str, pa.Field] = {}
+        schema, columns = batch.schema, list(batch.columns)
+        for i, field in enumerate(batch.schema):
+            expected = self._fields.get(field.name)
+            if expected is None or field.equals(expected, check_metadata=True) or not _rows_decide(field, expected):
+                continue
+            target, columns[i] = self._unified(field, columns[i], expected)
+            schema = schema.set(i, target)
+            if not target.equals(expected, check_metadata=True):
+                targets[field.name] = target
+        if targets:
+            self._rewrite(targets)
+        return batch if schema is batch.schema else pa.RecordBatch.from_arrays(columns, schema=schema)
+
+    def _unified(self, field: pa.Field, column: pa.Array, expected: pa.Field) -> tuple[pa.Field, pa.Array]:
+        """The field a column of a new batch and the file's ``expected`` unify to, and the
+        batch's column encoded in it (see :meth:`_evolve`)."""
+        name, kind, file_kind = field.name, _kind(field), _kind(expected)
+
+        def refuse(why: str) -> SchemaMismatchError:
+            return SchemaMismatchError(
+                f"batch {self.num_batches} does not match the columns of {self.path}: column {name!r}: {why}"
+            )
+
+        if kind == PICKLE:
+            raise refuse(
+                f"this batch's values need pickling (they are neither native Arrow nor JSON), the file stores "
+                f"the column as {file_kind} ({expected.type}): reading it would newly need allow_pickle=True"
+            )
+        rows = decode_column(name, column, text_metadata(field.metadata), allow_pickle=False)
+        array = encode_as(name, rows, expected)
+        if array is not None:
+            return expected, array
+        if file_kind != OBJECT:
+            raise refuse("the file stores it as JSON and this batch's values are not JSON (reading them would need allow_pickle=True)")
+        as_json = expected.with_type(json_type()).with_metadata({**text_metadata(expected.metadata), KIND: JSON})
+        candidates = ([field] if kind == OBJECT else []) + [as_json]
+        for target in candidates:
+            array = column if target is field else encode_as(name, rows, target)
+            if array is not None and all(
+                encode_as(name, old, target) is not None for old in self._written_rows(expected)
+            ):
+                return target, array
+        raise refuse(
+            f"the batches written so far hold values ({expected.type}) that neither this batch's type "
+            f"({field.type}) nor JSON gives back exactly, and pickling would newly need allow_pickle=True"
+        )
+
+    def _written_batches(self) -> Iterator[tuple[pa.RecordBatch, dict[bytes, bytes]]]:
+        """The batches written so far, read back from the partial file (a stream after the
+        magic bytes; the footer is not written yet), viewing a read-only mapping of it."""
+        with open(self._partial, "rb") as f:
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        stream = pa.ipc.open_stream(pa.py_buffer(mapped).slice(8))
+        for _ in range(self.num_batches):
+            batch, custom = stream.read_next_batch_with_custom_metadata()
+            yield batch, dict(custom or {})
+
+    def _written_rows(self, field: pa.Field) -> Iterator[np.ndarray]:
+        """The rows of column ``field`` in each batch written so far."""
+        meta = text_metadata(field.metadata)
+        for batch, _ in self._written_batches():
+            yield decode_column(field.name, batch.column(field.name), meta, allow_pickle=False)
+
+    def _rewrite(self, targets: dict[str, pa.Field]) -> None:
+        """Rewrite the batches written so far into a new partial file whose columns ``targets``
+        take their new field (each old column decoded and encoded again), then continue in it.
+        Costs one read and one write of what was written (decompressing and compressing again
+        for a compressed file). On an error the new file is deleted and the writer is as it was."""
+        assert self._schema is not None and self._writer is not None  # a batch was written
+        schema = pa.schema([targets.get(f.name, f) for f in self._schema], metadata=self._schema.metadata)
+        old_fields = dict(self._fields)
+        partial = self.path.with_name(f"{self.path.name}.{secrets.token_hex(4)}.partial")
+        sink = pa.OSFile(str(partial), "wb")
+        footer = {COMPRESSION: self.compression or "none"}
+        try:
+            writer = pa.ipc.new_file(sink, schema, options=self._options, metadata=footer)
+            for batch, custom in self._written_batches():
+                columns = list(batch.columns)
+                for name, target in targets.items():
+                    i = batch.schema.get_field_index(name)
+                    old = decode_column(name, columns[i], text_metadata(old_fields[name].metadata), allow_pickle=False)
+                    columns[i] = encode_as(name, old, target)
+                batch = pa.RecordBatch.from_arrays(columns, schema=schema)
+                if self.checksums:
+                    custom[CHECKSUMS.encode()] = _checksum.checksums(batch).encode()
+                writer.write_batch(batch, custom_metadata=custom)
+        except BaseException as e:
+            sink.close()
+            partial.unlink(missing_ok=True)
+            if isinstance(e, (pa.ArrowException, OSError)):
+                raise EncodeError(f"cannot rewrite {self.path} with the unified columns {list(targets)}: {e}") from e
+            raise
+        self._writer.close()
+        self._sink.close()
+        self._partial.unlink(missing_ok=True)
+        self._partial, self._sink, self._writer = partial, sink, writer
+        self._schema, self._fields = schema, dict(zip(schema.names, schema))
 
     def _start(self, schema: pa.Schema) -> pa.ipc.RecordBatchFileWriter:
         self._schema = schema
@@ -401,8 +515,20 @@ class FileWriter:
             self.abort()
 
 
-_KIND_FROM_ROWS = frozenset({"object", "pickle"})
+_KIND_FROM_ROWS = frozenset({OBJECT, JSON, PICKLE})
 """Kinds of a ``non_tensor_batch`` column that its rows choose (no rows: ``object``)."""
+
+
+def _kind(field: pa.Field) -> str | None:
+    return text_metadata(field.metadata).get(KIND)
+
+
+def _rows_decide(field: pa.Field, expected: pa.Field) -> bool:
+    """Whether two columns differ only in what their rows chose: kinds object, json or pickle,
+    with the same dtype and row shape (:meth:`FileWriter._evolve` unifies them)."""
+    got, want = text_metadata(field.metadata), text_metadata(expected.metadata)
+    same_array = all(got.get(k) == want.get(k) for k in (DTYPE, ROW_SHAPE))
+    return same_array and {got.get(KIND), want.get(KIND)} <= _KIND_FROM_ROWS
 
 
 def _adopts(field: pa.Field, rows: int, expected: pa.Field) -> bool:
@@ -463,18 +589,19 @@ def write_file(
 class ColumnInfo:
     """One column as recorded in a file's schema (no data is read).
 
-    ``kind`` is ``"tensor"``, ``"jagged"`` or ``"strided"`` for TensorDict leaves,
-    ``"numeric"``, ``"string"``, ``"object"`` or ``"pickle"`` for ``non_tensor_batch``
-    columns, and ``"arrow"`` for a column of another tool's file (``dtype`` is then its
-    Arrow type; what it decodes to follows the rule of :func:`~arrow_dataproto.from_arrow`); ``dtype`` the torch dtype name (leaves) or numpy dtype (others); ``shape``
+    ``kind`` is ``"tensor"``, ``"jagged"`` or ``"strided"`` for TensorDict leaves and
+    ``"numeric"``, ``"string"``, ``"object"``, ``"json"`` or ``"pickle"`` for ``non_tensor_batch``
+    columns; ``dtype`` the torch dtype name (leaves) or numpy dtype (others); ``shape``
     the shape of one row, ``None`` for a ragged dimension; ``device`` where a leaf was
-    when written (``None`` for non-tensor columns).
+    when written (``None`` for non-tensor columns). A column of another tool's file has
+    ``kind`` ``"arrow"``, its Arrow type as ``dtype`` and ``shape`` None (what it decodes
+    to follows the rule of :func:`~arrow_dataproto.from_arrow`).
     """
 
     name: str
     kind: str
     dtype: str
-    shape: list
+    shape: list | None
     device: str | None
 
     @property
@@ -660,7 +787,7 @@ class _Reader:
         """
         fields, keep = self._fields(columns)
         batch, metadata = self._read([self._index(i)], fields)[0]
-        tree = Node.parse(metadata) if keep is not None else None
+        tree = Node.parse(metadata) if keep is not None and not _foreign.is_foreign(self.schema) else None
         if tree is not None:
             metadata = {**metadata, **tree.select(set(keep or ())).metadata()}
         return batch.replace_schema_metadata(metadata)
@@ -906,7 +1033,9 @@ class FileReader(_Reader):
             footer = text_metadata(reader.metadata)
             self.stream = self._stream is not None
             self.foreign = _foreign.is_foreign(self.schema)
-            if not self.foreign:
+            if self.foreign:
+                check_field_names(self.schema)
+            else:
                 check_schema(self.schema)
             compression = footer.get(COMPRESSION) or _first_codec(data, self._stream)
         except BaseException:

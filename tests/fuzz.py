@@ -423,7 +423,7 @@ SCHEMA_VALUES = {
     "adp.meta_info": ["[]", "gASVAAAAAAAAAAAu", base64.b64encode(b"\x80\x05junk").decode(), "!!"],
 }
 FIELD_VALUES = {
-    "adp.kind": ["tensor", "jagged", "strided", "numeric", "string", "object", "pickle", ""],
+    "adp.kind": ["tensor", "jagged", "strided", "numeric", "string", "object", "json", "pickle", ""],
     "adp.dtype": ["int8", "uint8", "int64", "float32", "bfloat16", "complex64", "complex128", "bool", "float8_e4m3fn",
                   "bits16", "quint8", "bogus", "<i8", "<f4", "|b1", "|O", "<U5", "|S3", ">i4", "<M8[ns]", "<c8", "V8",
                   '[["a", "<i4"]]', "<U99999999999", "<U1000000000", "[garbage", "<U100000000", "|S100000000",
@@ -766,7 +766,7 @@ RECORD_VALUES = {
     "batch_size": [[6], [0], [-1], [2**63], [10**30], None, "6", [6, 2]],
     "device": [None, "cpu", "privateuseone", "cuda:99999999999999999999", "\u00e9", 5],
     "tree": [[], ["x", "x"], ["a", ["a", [6], None, ["c"]]], None, [1]],
-    "kind": ["tensor", "jagged", "strided", "numeric", "string", "object", "pickle", "bogus", None],
+    "kind": ["tensor", "jagged", "strided", "numeric", "string", "object", "json", "pickle", "bogus", None],
     "dtype": ["int64", "float32", "bfloat16", "<i8", "<U100000000", "|S100000000", "<U1", "<M8[as]", "<M8",
               "|O", "bogus", 5],
     "shape": [[2**62, 2**62], [10**30], [2**40, 2**40, 2**40], [None], [], [-1], [3], "x", None],

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime
 import decimal
-import io
 import json
 
 import numpy as np
@@ -166,7 +165,7 @@ def test_numeric_scalars_become_1d_tensors_of_their_dtype():
         tensor = out.batch[name]
         assert tensor.shape == (2,)
         expected = np.asarray(array.to_numpy(zero_copy_only=False)) if name != "b8" else np.array([True, False])
-        assert_tensor_equal(tensor, torch.from_numpy(np.ascontiguousarray(expected)))
+        assert_tensor_equal(tensor, torch.from_numpy(np.array(expected)))
     assert out.batch["b"].dtype == torch.bool and out.batch["b8"].dtype == torch.bool
 
 
@@ -393,6 +392,8 @@ def test_polars_tables_and_files(tmp_path):
         assert out.non_tensor_batch["s"].tolist() == ["a", "bb", None]
         assert out.non_tensor_batch["st"].tolist() == [{"k": 1}, {"k": 2}, {"k": None}]
     assert files.open_file(tmp_path / "plz.arrow").compression == "zstd"
+    stored = files.open_file(tmp_path / "pls.arrow").read_arrow(0, columns=["arr", "s"])
+    assert stored.schema.names == ["s", "arr"] and adp.from_arrow(stored).non_tensor_batch["s"][1] == "bb"
     assert files.open_file(tmp_path / "pls.arrow").stream
 
 
@@ -544,6 +545,23 @@ def test_damaged_stream_files_are_decode_errors_never_crashes(tmp_path):
     path.write_bytes(b"\xff\xff\xff\xff" + b"\x10\x00\x00\x00" + b"garbage" * 4)
     with pytest.raises(DecodeError):
         files.open_file(path)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_column_names_that_are_not_utf8_are_decode_errors(tmp_path, stream):
+    data = _stream_of(pa.record_batch({"zzzz": [1, 2]})) if stream else None
+    if data is None:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, pa.schema([("zzzz", pa.int64())])) as writer:
+            writer.write_batch(pa.record_batch({"zzzz": [1, 2]}))
+        data = sink.getvalue().to_pybytes()
+    damaged = data.replace(b"zzzz", b"\xc8\xc8zz")
+    (tmp_path / "names.arrow").write_bytes(damaged)
+    with pytest.raises(DecodeError, match="UTF-8"):
+        files.read_file(tmp_path / "names.arrow")
+    if stream:
+        with pytest.raises(DecodeError, match="UTF-8"):
+            adp.from_ipc(damaged)
 
 
 # ---------------------------------------------------------------- generated tables
