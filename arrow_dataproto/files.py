@@ -284,7 +284,7 @@ class FileWriter:
         self._options = pa.ipc.IpcWriteOptions(compression=compression, allow_64bit=True)
         self._partial = self.path.with_name(f"{self.path.name}.{secrets.token_hex(4)}.partial")
         self._sink = pa.OSFile(str(self._partial), "wb")
-        self._writer: pa.ipc.RecordBatchFileWriter | None = None
+        self._writer: Any = None  # a pyarrow IPC file or stream writer
         self._schema: pa.Schema | None = None
         self._bar = progress_bar(progress, desc=f"writing {self.path.name}", unit="B", unit_scale=True)
         self._done = False
@@ -299,14 +299,15 @@ class FileWriter:
         self._write(to_arrow(data, portable=self.portable))
 
     def _write(self, batch: pa.RecordBatch) -> None:
-        """Append a RecordBatch of ours, in the form this writer writes (portable or stored)."""
-        batch = _portable.to_portable(batch) if self.portable else _portable.from_portable(batch)
+        """Append a RecordBatch of ours (either form); it is written in this writer's form.
+        The columns are compared and unified in the stored form (``self._schema``)."""
+        batch = _portable.from_portable(batch)
         if self._failed:
             raise EncodeError(self._failed)
         if self._done:
             raise DataProtoError(f"the writer of {self.path} is closed")
         if self._writer is None or self._schema is None:
-            writer = self._start(batch.schema)
+            writer = self._start(batch.schema, self._form(batch).schema)
         else:
             batch = self._evolve(self._conform(batch))
             writer = self._writer
@@ -315,6 +316,7 @@ class FileWriter:
                 raise SchemaMismatchError(
                     f"batch {self.num_batches} does not match the columns of {self.path}: " + "; ".join(differences)
                 )
+        batch = self._form(batch)
         custom = dict(batch.schema.metadata or {})
         if self.checksums:
             custom[CHECKSUMS.encode()] = _checksum.checksums(batch).encode()
@@ -407,15 +409,26 @@ class FileWriter:
             f"({field.type}) nor JSON gives back exactly, and pickling would newly need allow_pickle=True"
         )
 
+    def _form(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """``batch`` (stored form) as this writer writes it: its portable view if ``portable``."""
+        return _portable.to_portable(batch) if self.portable else batch
+
+    def _new_writer(self, sink: Any, schema: pa.Schema) -> Any:
+        """An IPC stream writer if ``stream``, else an IPC file writer (the footer names the compression)."""
+        if self.stream:
+            return pa.ipc.new_stream(sink, schema, options=self._options)
+        return pa.ipc.new_file(sink, schema, options=self._options, metadata={COMPRESSION: self.compression or "none"})
+
     def _written_batches(self) -> Iterator[tuple[pa.RecordBatch, dict[bytes, bytes]]]:
-        """The batches written so far, read back from the partial file (a stream after the
-        magic bytes; the footer is not written yet), viewing a read-only mapping of it."""
+        """The batches written so far, in the stored form, read back from the partial file (a
+        stream after the magic bytes of a file, whose footer is not written yet), viewing a
+        read-only mapping of it."""
         with open(self._partial, "rb") as f:
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        stream = pa.ipc.open_stream(pa.py_buffer(mapped).slice(8))
+        stream = pa.ipc.open_stream(pa.py_buffer(mapped).slice(0 if self.stream else 8))
         for _ in range(self.num_batches):
             batch, custom = stream.read_next_batch_with_custom_metadata()
-            yield batch, dict(custom or {})
+            yield _portable.from_portable(batch), dict(custom or {})
 
     def _written_rows(self, field: pa.Field) -> Iterator[np.ndarray]:
         """The rows of column ``field`` in each batch written so far."""
@@ -433,16 +446,17 @@ class FileWriter:
         old_fields = dict(self._fields)
         partial = self.path.with_name(f"{self.path.name}.{secrets.token_hex(4)}.partial")
         sink = pa.OSFile(str(partial), "wb")
-        footer = {COMPRESSION: self.compression or "none"}
+        writer = None
         try:
-            writer = pa.ipc.new_file(sink, schema, options=self._options, metadata=footer)
             for batch, custom in self._written_batches():
                 columns = list(batch.columns)
                 for name, target in targets.items():
                     i = batch.schema.get_field_index(name)
                     old = decode_column(name, columns[i], text_metadata(old_fields[name].metadata), allow_pickle=False)
                     columns[i] = encode_as(name, old, target)
-                batch = pa.RecordBatch.from_arrays(columns, schema=schema)
+                batch = self._form(pa.RecordBatch.from_arrays(columns, schema=schema))
+                if writer is None:
+                    writer = self._new_writer(sink, batch.schema)
                 if self.checksums:
                     custom[CHECKSUMS.encode()] = _checksum.checksums(batch).encode()
                 writer.write_batch(batch, custom_metadata=custom)
@@ -458,14 +472,11 @@ class FileWriter:
         self._partial, self._sink, self._writer = partial, sink, writer
         self._schema, self._fields = schema, dict(zip(schema.names, schema))
 
-    def _start(self, schema: pa.Schema) -> pa.ipc.RecordBatchFileWriter:
+    def _start(self, schema: pa.Schema, written: pa.Schema) -> Any:
+        """Begin the file: ``schema`` is the columns in the stored form, ``written`` in the form written."""
         self._schema = schema
         self._fields = dict(zip(schema.names, schema))
-        if self.stream:
-            self._writer = pa.ipc.new_stream(self._sink, schema, options=self._options)
-        else:
-            footer = {COMPRESSION: self.compression or "none"}
-            self._writer = pa.ipc.new_file(self._sink, schema, options=self._options, metadata=footer)
+        self._writer = self._new_writer(self._sink, written)
         return self._writer
 
     def close(self) -> None:
@@ -485,7 +496,8 @@ class FileWriter:
         if self._done:
             return
         try:
-            writer = self._writer or self._start(to_arrow(DataProto(), portable=self.portable).schema)
+            empty = to_arrow(DataProto())
+            writer = self._writer or self._start(empty.schema, self._form(empty).schema)
             writer.close()
             self._sink.close()
             os.replace(self._partial, self.path)

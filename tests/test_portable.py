@@ -4,6 +4,7 @@ every dtype and every bit pattern of the widened ones)."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import pickle
 
@@ -294,6 +295,32 @@ def test_portable_files_read_back_exactly(tmp_path, stream, compression):
         for i, dp in enumerate(batches):
             assert_dataproto_equal(dp, opened.read_batch(i))
         assert opened.column_info()[0].dtype == "bool"  # column info names the original dtype
+
+
+@pytest.mark.parametrize("options", [{"stream": True}, {"portable": True}, {"portable": True, "stream": True}])
+def test_schema_evolution_in_portable_files_and_streams(tmp_path, options):
+    """A later batch whose dicts have other keys turns the file's column into JSON, rewriting the
+    batches written so far: in the writer's own form (portable: strings), streams included."""
+    def batch(rows: int, same_keys: bool) -> DataProto:
+        dp = sample_dataproto(rows=rows)
+        extra = np.empty(rows, dtype=object)
+        for i in range(rows):
+            extra[i] = {"a": i} if same_keys or i % 2 else {"b": str(i)}
+        dp.non_tensor_batch["extra_info"] = extra
+        return dp
+
+    batches = [batch(4, True), batch(3, False)]
+    path = tmp_path / "evolved.arrow"
+    write_file(path, batches, checksums=importlib.util.find_spec("xxhash") is not None, **options)
+    with open_file(path) as reader:
+        assert reader.stream == options.get("stream", False)
+        stored = reader.schema.field("extra_info")
+        assert stored.metadata[b"adp.kind"] == b"json"
+        assert stored.type == (pa.string() if options.get("portable") else pa.json_(pa.string()))
+        for i, dp in enumerate(batches):
+            assert_dataproto_equal(dp, reader.read_batch(i))
+        if importlib.util.find_spec("xxhash") is not None:
+            assert reader.verify() > 0  # the rewritten batches' checksums are of what was written
 
 
 def test_copy_file_converts_between_forms(tmp_path):
