@@ -18,7 +18,8 @@ lists all have the same length at every level
 numeric lists whose outermost lists vary in length        ``batch``: jagged
 (inner levels of one length each)                         ``torch.nested`` ``[B, j, ...]``
 ``arrow.json``                                            ``non_tensor_batch``: parsed
-                                                          Python values
+                                                          Python values (the ``json``
+                                                          kind: strict JSON, no NaN)
 timestamp, date, duration                                 ``non_tensor_batch``:
                                                           ``datetime64``/``timedelta64``
 everything else: strings, binaries, structs, maps,        ``non_tensor_batch``: object
@@ -60,6 +61,7 @@ import torch
 from ._dtypes import STORAGE
 from ._format import (
     ARRAY_KINDS,
+    ArraySpec,
     FORMAT,
     FORMAT_NAME,
     KEY_PREFIX,
@@ -116,7 +118,13 @@ def adopt(record_batch: pa.RecordBatch) -> pa.RecordBatch:
             tensors.append((field, array))
             continue
         adopted = None if kind in ARRAY_KINDS else _tensor(field, array)
-        if adopted is None:
+        if adopted is None and kind is None and _is_json_text(array.type):
+            # arrow.json over string: our json kind, so its strict decoder reads it (no NaN)
+            if array.type.storage_type == pa.string_view():
+                array = pa.ExtensionArray.from_storage(pa.json_(pa.large_string()), array.storage.cast(pa.large_string()))
+            json_field = ArraySpec("json", np.dtype(object), ()).metadata(field.name)
+            others.append((pa.field(field.name, array.type, metadata=json_field), array))
+        elif adopted is None:
             others.append((field if kind in ARRAY_KINDS else field.remove_metadata(), array))
         else:
             values, spec = adopted
@@ -278,26 +286,28 @@ def _lists(name: str, array: pa.Array) -> tuple[pa.Array, TensorSpec] | None:
 # ---------------------------------------------------------------- non-tensor columns
 
 
-def _parse_json(array: pa.Array) -> list[Any]:
-    return [None if text is None else json.loads(text) for text in array.storage.to_pylist()]
+def _is_json_text(t: pa.DataType) -> bool:
+    """``arrow.json`` over UTF-8 text: read by the ``json`` kind of :mod:`arrow_dataproto._objects`."""
+    return (
+        isinstance(t, pa.BaseExtensionType)
+        and t.extension_name == _JSON
+        and t.storage_type in (pa.string(), pa.large_string(), pa.string_view())
+    )
 
 
 def decode_column(name: str, array: pa.Array) -> np.ndarray:
     """A non-tensor column of another tool as a numpy array (new memory): ``datetime64`` /
     ``timedelta64`` for timestamps, dates and durations (time-zone-aware timestamps in UTC;
-    NaT for a null), else a 1-D object array of Python values (``arrow.json`` parsed, maps
+    NaT for a null), else a 1-D object array of Python values (maps
     as dicts, dictionary-encoded columns decoded; ``None`` for a null). :class:`DecodeError`
     naming the column if a value has no Python form (a map with a duplicate key)."""
     try:
-        if isinstance(array.type, pa.BaseExtensionType) and array.type.extension_name == _JSON:
-            rows = _parse_json(array)
-        else:
-            if pa.types.is_dictionary(array.type):
-                array = array.dictionary_decode()
-            kind = array.type
-            if pa.types.is_timestamp(kind) or pa.types.is_date(kind) or pa.types.is_duration(kind):
-                return np.array(array.to_numpy(zero_copy_only=False))
-            rows = array.to_pylist(maps_as_pydicts="strict")
+        if pa.types.is_dictionary(array.type):
+            array = array.dictionary_decode()
+        kind = array.type
+        if pa.types.is_timestamp(kind) or pa.types.is_date(kind) or pa.types.is_duration(kind):
+            return np.array(array.to_numpy(zero_copy_only=False))
+        rows = array.to_pylist(maps_as_pydicts="strict")
         return np.fromiter(rows, dtype=object, count=len(array))
     except Exception as e:  # pyarrow, json and numpy errors of any type
         raise column_error(DecodeError, name, f"cannot read its {array.type} values as Python values: {e}") from e

@@ -610,3 +610,16 @@ def test_generated_numeric_tables_follow_the_rule(drawn):
         else:
             assert tensor.is_nested, name
             assert [r.tolist() for r in tensor.unbind()] == [v.tolist() for v in values]
+
+
+@pytest.mark.parametrize("storage", [pa.string(), pa.large_string(), pa.string_view()])
+def test_another_tools_json_column_is_read_by_the_json_kind(storage):
+    """``arrow.json`` of another tool goes through the json kind's strict decoder: values come
+    back as Python values over every text storage, and a non-JSON literal (NaN) is refused."""
+    from arrow_dataproto import from_arrow
+
+    good = pa.ExtensionArray.from_storage(pa.json_(storage), pa.array(['{"a": [1, 2.5]}', None, '"x"'], storage))
+    assert list(from_arrow(pa.table({"j": good})).non_tensor_batch["j"]) == [{"a": [1, 2.5]}, None, "x"]
+    bad = pa.ExtensionArray.from_storage(pa.json_(storage), pa.array(["1", "NaN"], storage))
+    with pytest.raises(DecodeError, match=r"'j'.*row 1 is not JSON"):
+        from_arrow(pa.table({"j": bad}))
