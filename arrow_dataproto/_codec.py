@@ -27,16 +27,18 @@ import pyarrow as pa
 import torch
 from tensordict import TensorDict, is_non_tensor, is_tensor_collection
 
-from . import _jagged, _limits, _objects
+from . import _foreign, _jagged, _limits, _objects, _portable
 from ._format import (
     COMPRESSIONS,
     FORMAT,
     FORMAT_NAME,
+    KIND,
     META_INFO,
     META_INFO_ENCODING,
     VERSION,
     Node,
     TensorSpec,
+    check_field_names,
     check_schema,
     text_metadata,
     version_text,
@@ -93,13 +95,20 @@ def _utf8_only(name: str) -> Iterator[None]:
         raise column_error(EncodeError, name, f"text that is not valid UTF-8 ({e.reason}: {e.object[e.start:e.end]!r})") from None
 
 
-def to_arrow(data: Any) -> pa.RecordBatch:
+def to_arrow(data: Any, *, portable: bool = False) -> pa.RecordBatch:
     """Encode a DataProto (ours or verl's) or a bare TensorDict as a RecordBatch.
 
     Zero-copy: contiguous CPU tensors are exported as views of their memory (the
     RecordBatch keeps them alive, and shows later in-place writes). A slice of a
     larger tensor exports only its own rows. Non-contiguous or off-CPU tensors
     are copied once. Raises :class:`EncodeError` for unsupported content.
+
+    ``portable=True`` gives the portable view instead (``docs/format.md``): plain Arrow
+    types that pandas, polars, DuckDB and HF ``datasets`` read as values (bfloat16,
+    float16 and float8 widened to float32, bools as Arrow bools, tensors as nested
+    fixed-size lists, JSON as strings). It copies the columns whose values change (a
+    widened column takes twice or four times the memory); :func:`from_arrow` and every
+    reader give the DataProto back bit-exact from either form.
     """
     batch, non_tensor, meta_info = parts_of(data)
     columns: list[tuple[str, Any]] = []
@@ -140,7 +149,8 @@ def to_arrow(data: Any) -> pa.RecordBatch:
     if batch is not None and rows and rows != {batch.batch_size[0]}:
         raise EncodeError(f"non_tensor_batch has {sorted(rows)} rows, the batch {batch.batch_size[0]}")
     num_rows = batch.batch_size[0] if batch is not None else (rows.pop() if rows else 0)
-    return record_batch_of(arrays, pa.schema(fields, metadata=metadata), num_rows)
+    record_batch = record_batch_of(arrays, pa.schema(fields, metadata=metadata), num_rows)
+    return _portable.to_portable(record_batch) if portable else record_batch
 
 
 def record_batch_of(arrays: list[pa.Array], schema: pa.Schema, num_rows: int) -> pa.RecordBatch:
@@ -271,6 +281,60 @@ def _unflatten(node: Node, tensors: Iterator[torch.Tensor], placement: Placement
         raise DecodeError(f"tensors do not fit batch_size {list(node.batch_size)}: {e}") from e
 
 
+def as_record_batch(data: Any) -> pa.RecordBatch:
+    """One RecordBatch of ``data``: a ``pa.RecordBatch`` as it is; a ``pa.Table`` (or a
+    ``pa.RecordBatchReader``, or any object exporting an Arrow stream through
+    ``__arrow_c_stream__``: a polars DataFrame, a DuckDB relation) as the one batch of its
+    rows. Zero-copy for a Table whose columns each have at most one chunk; the columns of
+    several chunks are concatenated (a copy). :class:`DecodeError` for anything else."""
+    if isinstance(data, pa.RecordBatch):
+        return data
+    try:
+        if isinstance(data, pa.RecordBatchReader):
+            data = data.read_all()
+        elif not isinstance(data, pa.Table) and hasattr(data, "__arrow_c_stream__"):
+            data = pa.table(data)
+        if not isinstance(data, pa.Table):
+            raise DecodeError(f"expected a pyarrow.RecordBatch or Table, got {type(data).__name__}")
+        columns = [c.chunk(0) if c.num_chunks == 1 else c.combine_chunks() for c in data.columns]
+    except (pa.ArrowException, OSError, TypeError, ValueError) as e:
+        if isinstance(e, DecodeError):
+            raise
+        raise DecodeError(f"cannot read the table as one record batch: {e}") from e
+    return record_batch_of(columns, data.schema, data.num_rows)
+
+
+def _narrowed(record_batch: pa.RecordBatch, columns: Iterable[str] | None, rows: tuple[int, int] | None) -> pa.RecordBatch:
+    """The batch with only ``columns`` (in its order) and rows ``start:stop`` (zero-copy)."""
+    if columns is not None:
+        keep = set(columns)
+        names = record_batch.schema.names
+        missing = sorted(keep - set(names))
+        if missing:
+            raise ColumnNotFoundError(f"no column {missing} in the batch; columns: {names}")
+        if len(keep) < len(names):
+            record_batch = record_batch.select([i for i, n in enumerate(names) if n in keep])
+    if rows is not None:
+        start, stop = rows
+        record_batch = record_batch.slice(start, stop - start)
+    return record_batch
+
+
+def _present(record_batch: pa.RecordBatch, tree: Node) -> tuple[pa.RecordBatch, Node]:
+    """The tree of the columns present, their leaves first: what another tool left of our
+    table after selecting or reordering its columns (``pyarrow.dataset``'s ``columns=``)."""
+    names = record_batch.schema.names
+    present = set(names)
+    if not present.issuperset(tree.leaf_names()):
+        tree = tree.select(present)
+    leaves = tree.leaf_names()
+    if names[: len(leaves)] != leaves:
+        position = {n: i for i, n in enumerate(names)}
+        chosen = set(leaves)
+        record_batch = record_batch.select([position[n] for n in leaves] + [i for i, n in enumerate(names) if n not in chosen])
+    return record_batch, tree
+
+
 def decode(
     record_batch: pa.RecordBatch,
     *,
@@ -281,39 +345,39 @@ def decode(
     copy: bool = False,
     allow_pickle: bool = False,
 ) -> Parts:
-    """The three parts of a DataProto from a RecordBatch made by :func:`to_arrow`.
+    """The three parts of a DataProto from a RecordBatch made by :func:`to_arrow`, or of any
+    other tool (:mod:`arrow_dataproto._foreign`: its schema metadata has no ``adp.*`` key).
 
     ``columns``: decode only these (exact column names, see
     :func:`~arrow_dataproto._format.resolve_columns`; the batch may already hold only them); ``rows``: only rows ``start:stop`` (a zero-copy slice);
-    ``meta_info=False``: leave ``meta_info`` empty, decoding none of it. Other
-    arguments, copies and errors as in :func:`arrow_dataproto.from_arrow`.
+    ``meta_info=False``: leave ``meta_info`` empty, decoding none of it. The first batch
+    dimension of every TensorDict of the tree is the number of rows present (a filtered,
+    sliced or concatenated table decodes), and the tree holds the columns present, in any
+    order (another tool's projection). Other arguments, copies and errors as in
+    :func:`arrow_dataproto.from_arrow`.
     """
     if not isinstance(record_batch, pa.RecordBatch):
         raise DecodeError(f"expected a pyarrow.RecordBatch, got {type(record_batch).__name__}")
+    foreign = _foreign.is_foreign(record_batch.schema)
+    if foreign:  # narrowed first: the rule looks at the rows and columns read, nothing else
+        check_field_names(record_batch.schema)
+        record_batch = _narrowed(record_batch, columns, rows)
+        validate_arrow(record_batch)
+        record_batch = _foreign.adopt(record_batch)
+        columns = rows = None
     metadata = check_schema(record_batch.schema)
     tree = Node.parse(metadata)
-    if tree is not None and tree.batch_size[0] != record_batch.num_rows:
-        raise DecodeError(f"batch_size {list(tree.batch_size)} disagrees with the {record_batch.num_rows} rows present")
-    if columns is not None:
-        keep = set(columns)
-        names = record_batch.schema.names
-        missing = sorted(keep - set(names))
-        if missing:
-            raise ColumnNotFoundError(f"no column {missing} in the batch; columns: {names}")
-        if len(keep) < len(names):
-            record_batch = record_batch.select([i for i, n in enumerate(names) if n in keep])
-        if tree is not None:
-            tree = tree.select(keep)
-    if rows is not None:
-        start, stop = rows
-        record_batch = record_batch.slice(start, stop - start)
-        if tree is not None:
-            tree = tree.with_rows(record_batch.num_rows)
-    elif columns is not None and tree is not None:
+    record_batch = _narrowed(record_batch, columns, rows)
+    if tree is not None:
+        if columns is not None:
+            tree = tree.select(set(columns))
         tree = tree.with_rows(record_batch.num_rows)
 
     leaf_names = [] if tree is None else tree.leaf_names()
     names = record_batch.schema.names
+    if tree is not None and columns is None and len(set(names)) == len(names):
+        record_batch, tree = _present(record_batch, tree)
+        leaf_names, names = tree.leaf_names(), record_batch.schema.names
     if len(leaf_names) > record_batch.num_columns:
         raise DecodeError(f"the tree names {len(leaf_names)} tensor columns, the batch has {record_batch.num_columns}")
     if names[: len(leaf_names)] != leaf_names:
@@ -321,6 +385,7 @@ def decode(
     if len(set(names)) != len(names):
         raise DecodeError(f"duplicate column names {sorted({n for n in names if names.count(n) > 1})[:20]}")
     validate_arrow(record_batch)
+    record_batch = _portable.from_portable(record_batch)  # a portable batch: back to the stored types
     placement = Placement(device)
     fields = record_batch.schema
 
@@ -341,9 +406,11 @@ def decode(
     non_tensor = {}
     for i in range(len(leaf_names), record_batch.num_columns):
         name = fields[i].name
-        values = _objects.decode_column(
-            name, record_batch.column(i), text_metadata(fields[i].metadata), allow_pickle=allow_pickle
-        )
+        field_metadata = text_metadata(fields[i].metadata)
+        if foreign and KIND not in field_metadata:
+            values = _foreign.decode_column(name, record_batch.column(i))
+        else:
+            values = _objects.decode_column(name, record_batch.column(i), field_metadata, allow_pickle=allow_pickle)
         non_tensor[name] = values.copy() if copy and values.dtype != object else values
     if not meta_info:
         metadata = {k: v for k, v in metadata.items() if k not in (META_INFO, META_INFO_ENCODING)}

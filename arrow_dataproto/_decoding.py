@@ -7,21 +7,42 @@ from typing import Any, Iterable
 import pyarrow as pa
 import torch
 
-from ._codec import decode, read_stream
+from . import _foreign
+from ._codec import as_record_batch, decode, read_stream
 from ._container import DataProto
 from ._format import resolve_columns
-from .errors import DecodeError
 
 
 def from_arrow(
-    record_batch: pa.RecordBatch,
+    record_batch: pa.RecordBatch | pa.Table | Any,
     *,
     columns: Iterable[str] | None = None,
     device: str | torch.device | None = None,
     copy: bool = False,
     allow_pickle: bool = False,
 ) -> DataProto:
-    """Rebuild a :class:`~arrow_dataproto.DataProto` from a RecordBatch made by :func:`to_arrow`.
+    """Rebuild a :class:`~arrow_dataproto.DataProto` from a RecordBatch made by :func:`to_arrow`,
+    or from any Arrow table.
+
+    ``record_batch`` is a ``pa.RecordBatch`` or a ``pa.Table`` (also a ``pa.RecordBatchReader``,
+    or any object exporting an Arrow stream, ``__arrow_c_stream__``: a polars DataFrame, a
+    DuckDB relation). A Table whose columns have one chunk each is read zero-copy; columns
+    of several chunks are concatenated first (one copy of those columns).
+
+    Our own tables may have been filtered, sliced, taken from, concatenated or re-chunked
+    by another tool: the first batch dimension of the TensorDict (and of every nested
+    TensorDict) is the number of rows present, and the column metadata (torch dtype,
+    per-row shape, layout, device) still applies. ``meta_info`` is the first batch's.
+
+    A table without our metadata (no ``adp.*`` schema key: pandas, polars, DuckDB, HF
+    ``datasets``, Ray Data, hand-built) is read by one rule (``docs/format.md``,
+    "Reading tables of other tools"): numeric columns become 1-D tensors;
+    ``fixed_size_list``, ``arrow.fixed_shape_tensor`` and numeric lists that all have one
+    length become dense tensors ``[B, ...]``; numeric lists of varying length jagged
+    ``torch.nested`` tensors; everything else (strings, structs, JSON, dictionaries,
+    other lists) goes to ``non_tensor_batch`` as object arrays (timestamps, dates and
+    durations as ``datetime64``/``timedelta64``), in table order; ``meta_info`` is ``{}``.
+    Nulls in a column that would be a tensor raise :class:`DecodeError` naming the column.
 
     Zero-copy by default: CPU tensors (and numeric numpy columns) view the
     RecordBatch's buffers, so they are only as writable as that memory, and
@@ -38,9 +59,8 @@ def from_arrow(
     against the buffers before a tensor is built; a malformed batch raises
     :class:`DecodeError`, an unknown major version :class:`FormatVersionError`.
     """
+    record_batch = as_record_batch(record_batch)
     if columns is not None:
-        if not isinstance(record_batch, pa.RecordBatch):
-            raise DecodeError(f"expected a pyarrow.RecordBatch, got {type(record_batch).__name__}")
         columns = resolve_columns(record_batch.schema.names, columns, "the batch")
     batch, non_tensor_batch, meta_info = decode(
         record_batch, columns=columns, device=device, copy=copy, allow_pickle=allow_pickle
@@ -57,22 +77,23 @@ def from_ipc(
     allow_pickle: bool = False,
     max_decoded_bytes: int | str | None = "auto",
 ) -> DataProto:
-    """Decode an Arrow IPC stream written by :func:`to_ipc` (``pa.Buffer``, bytes-like, or memoryview).
+    """Decode an Arrow IPC stream written by :func:`to_ipc`, or by any other tool (read as
+    :func:`from_arrow` says), from a ``pa.Buffer``, bytes-like, or memoryview.
 
     Zero-copy for uncompressed streams: tensors view ``buffer`` itself, which
     stays alive as long as they do. Do not write to them unless the buffer is
     yours and writable (a ``bytes`` object is not), or pass ``copy=True``.
     Compressed streams are decompressed into new memory. Other arguments and
     errors as in :func:`from_arrow`; a stream holding several record batches is
-    concatenated (a copy).
+    concatenated (a copy; the batches of another tool's stream are read as one table).
 
     ``buffer`` is untrusted: a compressed stream may decode to at most
     ``max_decoded_bytes`` (default ``"auto"``: 64 MiB or 256 times the stream's size,
     whichever is larger; an int: that many bytes; ``None``: no limit), checked from the
     message headers before anything is decompressed (:class:`DecodeError` beyond it).
     """
-    parts = [
-        from_arrow(b, columns=columns, device=device, copy=copy, allow_pickle=allow_pickle)
-        for b in read_stream(buffer, max_decoded_bytes)
-    ]
+    batches = read_stream(buffer, max_decoded_bytes)
+    if len(batches) > 1 and _foreign.is_foreign(batches[0].schema):  # one rule over all the rows
+        return from_arrow(pa.Table.from_batches(batches), columns=columns, device=device, copy=copy)
+    parts = [from_arrow(b, columns=columns, device=device, copy=copy, allow_pickle=allow_pickle) for b in batches]
     return parts[0] if len(parts) == 1 else DataProto.concat(parts, meta_info="update")

@@ -31,7 +31,7 @@ from ._dtypes import dtype_from_name, dtype_name
 from .errors import ColumnNotFoundError, DecodeError, EncodeError, FormatVersionError, column_error
 
 FORMAT_NAME = "arrow-dataproto"
-FORMAT_VERSION = (1, 1)
+FORMAT_VERSION = (1, 2)
 """Major.minor. A reader accepts any minor of its own major and refuses other majors."""
 
 KEY_PREFIX = "adp."
@@ -49,6 +49,9 @@ COMPRESSION = "adp.compression"
 """File footer metadata key: ``"none"``, ``"lz4"`` or ``"zstd"``."""
 CHECKSUMS = "adp.checksums"
 """Per-batch metadata of a file written with checksums: digests of each column's buffers."""
+PORTABLE = "adp.portable"
+"""Schema metadata of a portable RecordBatch (since 1.2): ``"true"``; its columns use the
+plain Arrow types of the portable view (``_portable``), read back through the field metadata."""
 PER_BATCH = (BATCH_SIZE, TREE, META_INFO, META_INFO_ENCODING, CHECKSUMS)
 """Schema metadata keys whose values may differ from batch to batch of one file."""
 
@@ -65,7 +68,7 @@ structure (offsets) it shares."""
 
 TENSOR_KINDS = ("tensor", "jagged", "strided")
 """``adp.kind`` of the columns of TensorDict leaves."""
-ARRAY_KINDS = ("numeric", "string", "object", "pickle")
+ARRAY_KINDS = ("numeric", "string", "object", "json", "pickle")
 """``adp.kind`` of the columns of ``non_tensor_batch`` arrays."""
 COMPRESSIONS = (None, "lz4", "zstd")
 
@@ -139,11 +142,17 @@ def check_schema(schema: pa.Schema) -> dict[str, str]:
             f"format version {version} is not readable by this version of arrow-dataproto, "
             f"which reads {FORMAT_VERSION[0]}.x"
         )
+    check_field_names(schema)
+    return metadata
+
+
+def check_field_names(schema: pa.Schema) -> None:
+    """:class:`DecodeError` if a column name (nested ones too) is not valid UTF-8 (a corrupt
+    payload: pyarrow would raise ``UnicodeDecodeError`` wherever the name is read)."""
     try:
         _read_field_names(list(schema))
-    except UnicodeDecodeError as e:  # a corrupt payload
+    except UnicodeDecodeError as e:
         raise DecodeError(f"column names are not valid UTF-8: {e}") from None
-    return metadata
 
 
 def _read_field_names(fields: list[pa.Field]) -> None:

@@ -4,7 +4,7 @@
 
     arrow-dataproto inspect FILE [--stats] [--json]  rows, batches, meta_info, columns, sizes, row lengths
     arrow-dataproto head FILE [-n N] [--start S] [--columns C ...] [--allow-pickle]
-    arrow-dataproto convert IN OUT [--allow-pickle] [--compression C]
+    arrow-dataproto convert IN OUT [--allow-pickle] [--compression C] [--portable] [--stream]
     arrow-dataproto recover IN OUT [--compression C]
     arrow-dataproto verify FILE                     every buffer against the checksums written with it
     arrow-dataproto bench [NAME ...] [--quick] [--list] [--dir DIR]
@@ -59,6 +59,8 @@ def _count(n: int, noun: str) -> str:
 
 
 def _shape(shape: Any) -> str:
+    if shape is None:  # another tool's column
+        return "-"
     if not isinstance(shape, list):
         return str(shape)
     return "[" + ", ".join("*" if n is None else str(n) for n in shape) + "]"
@@ -147,10 +149,16 @@ def describe(path: str | os.PathLike, *, stats: bool = False) -> dict:
     NaN count, which decodes every numeric column (one batch of one column at a time).
     """
     from ._format import VERSION, check_schema
-    from .files import open_file, read_layout
+    from .files import BatchLayout, layout_readable, open_file, read_layout
 
-    layout = read_layout(path)
     with open_file(path) as reader:
+        if not reader.stream and (not reader.foreign or all(layout_readable(field.type) for field in reader.schema)):
+            layout = read_layout(path)
+            raw = {name: sum(b.raw_bytes[name] for b in layout) for name in reader.columns}
+            stored = {name: sum(b.stored_bytes[name] for b in layout) for name in reader.columns}
+        else:  # a stream (no footer) or another tool's view types: sized by reading the batches
+            layout = [BatchLayout(rows, reader.compression, {}, {}, {}, {}) for rows in reader.batch_rows]
+            raw = stored = reader.column_nbytes()
         infos = reader.column_info()
         columns = []
         for c in infos:
@@ -160,8 +168,8 @@ def describe(path: str | os.PathLike, *, stats: bool = False) -> dict:
                 "dtype": c.dtype,
                 "shape": c.shape,
                 "device": c.device,
-                "bytes": sum(batch.raw_bytes[c.name] for batch in layout),
-                "stored_bytes": sum(batch.stored_bytes[c.name] for batch in layout),
+                "bytes": raw[c.name],
+                "stored_bytes": stored[c.name],
                 "row_lengths": _lengths_summary([b.row_lengths[c.name] for b in layout if c.name in b.row_lengths]),
             }
             if stats:
@@ -170,7 +178,7 @@ def describe(path: str | os.PathLike, *, stats: bool = False) -> dict:
         info = {
             "path": str(path),
             "file_bytes": reader.file_size,
-            "format_version": check_schema(reader.schema)[VERSION],
+            "format_version": None if reader.foreign else check_schema(reader.schema)[VERSION],
             "compression": reader.compression or "none",
             "rows": sum(b.rows for b in layout),
             "batches": len(layout),
@@ -208,7 +216,8 @@ def _print_description(info: dict, most_batches: int = 8) -> None:
         f"  {_count(info['rows'], 'row')} in {_count(info['batches'], 'batch')} ({sizes}); "
         f"{_size(info['file_bytes'])} on disk"
         + (f" ({_size(raw_total)} uncompressed)" if compressed else "")
-        + f", compression {info['compression']}, format {info['format_version']}"
+        + f", compression {info['compression']}, "
+        + (f"format {info['format_version']}" if info["format_version"] else "another tool's file (no arrow-dataproto metadata)")
     )
     meta = info["meta_info"]
     if meta["encoding"] == "pickle":
@@ -467,19 +476,20 @@ def _convert(args: argparse.Namespace) -> int:
 
     with os.fdopen(open_regular(args.input), "rb") as f:  # a FIFO is refused, never read
         start = f.read(len(MAGIC))
-    if start == MAGIC:
+    if start == MAGIC or start.startswith(b"\xff\xff\xff\xff"):  # an Arrow IPC file or stream file
         if args.compression is None:  # keep the source's
             with open_file(args.input) as reader:
                 compression = None if reader.compression == "unknown" else reader.compression
         else:
             compression = _compression(args.compression)
-        copy_file(args.input, args.output, compression=compression)
+        copy_file(args.input, args.output, compression=compression, portable=args.portable, stream=args.stream)
     elif not start.startswith(b"\x80"):
         raise DecodeError(f"{args.input}: neither an Arrow file nor a pickle")
     elif not args.allow_pickle:
         raise PickleNotAllowedError(f"{args.input} is a Python pickle: loading it runs code the file names")
     else:
-        write_file(args.output, load_pickled_dataproto(args.input), compression=_compression(args.compression))
+        write_file(args.output, load_pickled_dataproto(args.input), compression=_compression(args.compression),
+                   portable=args.portable, stream=args.stream)
     _report_written(args.input, args.output)
     return 0
 
@@ -598,13 +608,19 @@ def _parser() -> argparse.ArgumentParser:
     p = commands.add_parser("convert", help="a pickled DataProto (verl's save_to_disk) or an Arrow file -> Arrow file",
                             description="Write IN as an Arrow file OUT. IN is a DataProto pickled by verl's "
                             "save_to_disk (or pickle.dump of ours), which needs --allow-pickle because unpickling "
-                            "runs code; verl need not be installed. IN may also be an Arrow file of ours, copied "
+                            "runs code; verl need not be installed. IN may also be an Arrow file (or stream file) of ours, copied "
                             "without unpickling anything, e.g. with another --compression.")
     p.add_argument("input", metavar="IN")
     p.add_argument("output", metavar="OUT")
     p.add_argument("--allow-pickle", action="store_true", help="allow unpickling IN (only for a file you trust)")
     p.add_argument("--compression", choices=compressions,
                    help="compression of OUT (default: IN's for an Arrow file, none for a pickle)")
+    p.add_argument("--portable", action="store_true",
+                   help="write the portable view: plain Arrow types (bf16/fp8 as float32, bools, nested lists) that "
+                   "pandas, polars, DuckDB and HF datasets read as values; reads back bit-exact (default: the stored "
+                   "types, also for a portable IN)")
+    p.add_argument("--stream", action="store_true",
+                   help="write an Arrow IPC stream file (what datasets.Dataset.from_file opens) instead of an IPC file")
     p.set_defaults(run=_convert)
 
     p = commands.add_parser("recover", help="copy the complete batches of an unfinished file",

@@ -11,6 +11,11 @@ per DataProto written, every batch with the same columns. Layout:
   so its batch size, TensorDict tree and ``meta_info`` read back exactly;
 - the footer metadata records the compression (``adp.compression``).
 
+``FileWriter(portable=True)`` writes the portable view of each batch (plain Arrow types other
+tools read as values, see ``docs/format.md``) and ``stream=True`` an IPC *stream* file (what
+HF ``datasets.Dataset.from_file`` opens); the readers give the same DataProtos back from
+every form.
+
 Reading (:func:`open_file`) is zero-copy for uncompressed files: each read call
 maps the file privately (``mmap.ACCESS_COPY``) and decoded tensors view the
 mapped pages, so nothing is read from disk until a tensor is touched. An
@@ -30,7 +35,16 @@ page past the new end of the file kills the process (``SIGBUS``). This module
 never does: a writer writes ``PATH.<random>.partial`` and renames it over
 ``PATH`` when closed, which leaves open readers on the old file.
 
-Errors: a file that is not ours, truncated or corrupt raises
+The readers also open any other Arrow IPC file, and IPC *stream* files (no ``ARROW1``
+magic: HF ``datasets``' cache files, ``polars.write_ipc_stream``, :func:`~arrow_dataproto.to_ipc`
+written to disk), memory-mapped the same way. A stream has no footer: opening one reads its
+message headers once (nothing is decompressed) to find each batch, which is then read by
+index (zero-copy if uncompressed; a stream with dictionary batches is read in order up to
+the batch asked for). Another tool's columns are read by the rule of
+:func:`~arrow_dataproto.from_arrow` (``docs/format.md``, "Reading tables of other tools");
+``read_all``/``read_rows`` read its batches as one table.
+
+Errors: a file that is not Arrow (or names another format), truncated or corrupt raises
 :class:`~arrow_dataproto.errors.DecodeError` (never a raw pyarrow error). Arrow
 files carry no checksum: a flipped bit in tensor values reads back unnoticed
 unless the file was written with ``checksums=True`` and is read with
@@ -59,8 +73,8 @@ import pyarrow as pa
 import torch
 from tensordict import is_tensor_collection
 
-from . import _checksum, _limits
-from ._codec import decode, to_arrow, validate_arrow
+from . import _checksum, _foreign, _limits, _portable
+from ._codec import as_record_batch, decode, to_arrow, validate_arrow
 from .errors import (
     DataProtoError,
     DecodeError,
@@ -75,6 +89,7 @@ from ._format import (
     COMPRESSIONS,
     DEVICE,
     DTYPE,
+    FORMAT,
     KIND,
     META_INFO_ENCODING,
     OFFSETS_OF,
@@ -83,11 +98,12 @@ from ._format import (
     SHAPE,
     TENSOR_KINDS,
     Node,
+    check_field_names,
     check_schema,
     resolve_columns,
     text_metadata,
 )
-from ._objects import PICKLE, decode_meta_info
+from ._objects import JSON, OBJECT, PICKLE, decode_column, decode_meta_info, encode_as, json_type
 from ._progress import progress_bar
 
 __all__ = [
@@ -96,6 +112,7 @@ __all__ = [
     "FileReader",
     "FileWriter",
     "copy_file",
+    "layout_readable",
     "open_dataset",
     "open_file",
     "read_file",
@@ -140,7 +157,10 @@ def open_regular(path: str | os.PathLike) -> int:
 
 def _layout(metadata: dict[str, str]) -> dict[str, str]:
     """What every batch of a file must share: the schema metadata except the per-batch
-    entries, plus the batch dimensions after the first and the TensorDict nesting."""
+    entries, plus the batch dimensions after the first and the TensorDict nesting (the
+    metadata as it is for another tool's schema, which has none of these)."""
+    if FORMAT not in metadata:
+        return dict(metadata)
     tree = Node.parse(metadata)
     shared = {k: v for k, v in metadata.items() if k not in PER_BATCH}
     shared["batch dimensions after the first"] = json.dumps(None if tree is None else list(tree.batch_size[1:]))
@@ -209,8 +229,13 @@ class FileWriter:
     the batch size and ``meta_info`` may differ from batch to batch. Object columns of
     ``non_tensor_batch`` take their Arrow type from their values (see
     :mod:`arrow_dataproto._objects`): a column of only ``None`` (or of no rows) adopts the
-    file's type, but values that give another type (dicts with other keys, ints where
-    the file has strings) are refused like any other difference.
+    file's type, and values that give another type (dicts with other keys, floats where
+    the file has ints) are unified with the file's column by the schema-evolution rule of
+    ``docs/format.md``: encoded in the file's type when they come back exactly in it, else
+    the column is widened to the batch's native type or promoted to JSON, which rewrites the
+    batches written so far once (one read and one write of them). Values that would need
+    pickling in a column the file does not pickle are refused with
+    :class:`SchemaMismatchError` (reading the file would newly need ``allow_pickle=True``).
 
     Bytes go to ``PATH.<random>.partial`` in the same folder; :meth:`close` writes the
     footer and renames it over ``PATH``, so ``PATH`` never holds a half-written file and a
@@ -219,6 +244,15 @@ class FileWriter:
     (:meth:`abort`). A process killed while writing (or a writer never closed) leaves the
     partial file behind: :func:`recover_file` reads its complete batches. A writer closed without any batch
     writes a valid file with no columns and no batches.
+
+    ``portable=True`` writes the portable view of each batch (see
+    :func:`~arrow_dataproto.to_arrow`: plain Arrow types that pandas, polars, DuckDB and HF
+    ``datasets`` read as values; the widened columns are copies); the readers of this
+    module give the DataProtos back bit-exact from either form. ``stream=True`` writes an
+    Arrow IPC *stream* file (no footer, no ``ARROW1`` magic) instead of an IPC file: what
+    ``datasets.Dataset.from_file`` and ``pyarrow.ipc.open_stream`` open; it cannot record
+    the compression in a footer (each batch's message header says it) nor be recovered
+    by :func:`recover_file`, which needs the file format.
 
     ``progress=True`` shows the bytes written (tqdm, if installed). ``checksums=True``
     records a digest of every buffer of every batch (xxHash3; see
@@ -238,6 +272,8 @@ class FileWriter:
         compression: str | None = None,
         progress: bool = False,
         checksums: bool = False,
+        portable: bool = False,
+        stream: bool = False,
     ):
         if compression not in COMPRESSIONS:
             raise EncodeError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
@@ -248,33 +284,39 @@ class FileWriter:
         self._options = pa.ipc.IpcWriteOptions(compression=compression, allow_64bit=True)
         self._partial = self.path.with_name(f"{self.path.name}.{secrets.token_hex(4)}.partial")
         self._sink = pa.OSFile(str(self._partial), "wb")
-        self._writer: pa.ipc.RecordBatchFileWriter | None = None
+        self._writer: Any = None  # a pyarrow IPC file or stream writer
         self._schema: pa.Schema | None = None
         self._bar = progress_bar(progress, desc=f"writing {self.path.name}", unit="B", unit_scale=True)
         self._done = False
         self._failed: str | None = None
         self._fields: dict[str, pa.Field] = {}
         self.checksums = checksums
+        self.portable = portable
+        self.stream = stream
 
     def write(self, data: Any) -> None:
         """Append one DataProto (ours or verl's) or TensorDict as the next batch."""
-        self._write(to_arrow(data))
+        self._write(to_arrow(data, portable=self.portable))
 
     def _write(self, batch: pa.RecordBatch) -> None:
+        """Append a RecordBatch of ours (either form); it is written in this writer's form.
+        The columns are compared and unified in the stored form (``self._schema``)."""
+        batch = _portable.from_portable(batch)
         if self._failed:
             raise EncodeError(self._failed)
         if self._done:
             raise DataProtoError(f"the writer of {self.path} is closed")
         if self._writer is None or self._schema is None:
-            writer = self._start(batch.schema)
+            writer = self._start(batch.schema, self._form(batch).schema)
         else:
+            batch = self._evolve(self._conform(batch))
             writer = self._writer
-            batch = self._conform(batch)
             differences = schema_difference(self._schema, batch.schema)
             if differences:
                 raise SchemaMismatchError(
                     f"batch {self.num_batches} does not match the columns of {self.path}: " + "; ".join(differences)
                 )
+        batch = self._form(batch)
         custom = dict(batch.schema.metadata or {})
         if self.checksums:
             custom[CHECKSUMS.encode()] = _checksum.checksums(batch).encode()
@@ -310,11 +352,131 @@ class FileWriter:
                 schema, columns[i] = schema.set(i, expected), pa.nulls(len(columns[i]), expected.type)
         return batch if schema is batch.schema else pa.RecordBatch.from_arrays(columns, schema=schema)
 
-    def _start(self, schema: pa.Schema) -> pa.ipc.RecordBatchFileWriter:
+    def _evolve(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """``batch`` with each column whose rows chose another Arrow type than the file's (object,
+        json and pickle columns of one dtype and row shape) unified with the file's column, by
+        the schema-evolution rule of ``docs/format.md``: the batch's values in the file's type
+        if they come back exactly in it; else, for a native column of the file, the batch's own
+        type if the rows written so far come back exactly in it, or else JSON, rewriting the
+        batches written so far (:meth:`_rewrite`). Raises :class:`SchemaMismatchError` when
+        only pickling would hold the values and the file's column is not pickled already (a
+        reader would newly need ``allow_pickle=True``); nothing is written then."""
+        targets: dict[str, pa.Field] = {}
+        schema, columns = batch.schema, list(batch.columns)
+        for i, field in enumerate(batch.schema):
+            expected = self._fields.get(field.name)
+            if expected is None or field.equals(expected, check_metadata=True) or not _rows_decide(field, expected):
+                continue
+            target, columns[i] = self._unified(field, columns[i], expected)
+            schema = schema.set(i, target)
+            if not target.equals(expected, check_metadata=True):
+                targets[field.name] = target
+        if targets:
+            self._rewrite(targets)
+        return batch if schema is batch.schema else pa.RecordBatch.from_arrays(columns, schema=schema)
+
+    def _unified(self, field: pa.Field, column: pa.Array, expected: pa.Field) -> tuple[pa.Field, pa.Array]:
+        """The field a column of a new batch and the file's ``expected`` unify to, and the
+        batch's column encoded in it (see :meth:`_evolve`)."""
+        name, kind, file_kind = field.name, _kind(field), _kind(expected)
+
+        def refuse(why: str) -> SchemaMismatchError:
+            return SchemaMismatchError(
+                f"batch {self.num_batches} does not match the columns of {self.path}: column {name!r}: {why}"
+            )
+
+        if kind == PICKLE:
+            raise refuse(
+                f"this batch's values need pickling (they are neither native Arrow nor JSON), the file stores "
+                f"the column as {file_kind} ({expected.type}): reading it would newly need allow_pickle=True"
+            )
+        rows = decode_column(name, column, text_metadata(field.metadata), allow_pickle=False)
+        array = encode_as(name, rows, expected)
+        if array is not None:
+            return expected, array
+        if file_kind != OBJECT:
+            raise refuse("the file stores it as JSON and this batch's values are not JSON (reading them would need allow_pickle=True)")
+        as_json = expected.with_type(json_type()).with_metadata({**text_metadata(expected.metadata), KIND: JSON})
+        candidates = ([field] if kind == OBJECT else []) + [as_json]
+        for target in candidates:
+            array = column if target is field else encode_as(name, rows, target)
+            if array is not None and all(
+                encode_as(name, old, target) is not None for old in self._written_rows(expected)
+            ):
+                return target, array
+        raise refuse(
+            f"the batches written so far hold values ({expected.type}) that neither this batch's type "
+            f"({field.type}) nor JSON gives back exactly, and pickling would newly need allow_pickle=True"
+        )
+
+    def _form(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """``batch`` (stored form) as this writer writes it: its portable view if ``portable``."""
+        return _portable.to_portable(batch) if self.portable else batch
+
+    def _new_writer(self, sink: Any, schema: pa.Schema) -> Any:
+        """An IPC stream writer if ``stream``, else an IPC file writer (the footer names the compression)."""
+        if self.stream:
+            return pa.ipc.new_stream(sink, schema, options=self._options)
+        return pa.ipc.new_file(sink, schema, options=self._options, metadata={COMPRESSION: self.compression or "none"})
+
+    def _written_batches(self) -> Iterator[tuple[pa.RecordBatch, dict[bytes, bytes]]]:
+        """The batches written so far, in the stored form, read back from the partial file (a
+        stream after the magic bytes of a file, whose footer is not written yet), viewing a
+        read-only mapping of it."""
+        with open(self._partial, "rb") as f:
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        stream = pa.ipc.open_stream(pa.py_buffer(mapped).slice(0 if self.stream else 8))
+        for _ in range(self.num_batches):
+            batch, custom = stream.read_next_batch_with_custom_metadata()
+            yield _portable.from_portable(batch), dict(custom or {})
+
+    def _written_rows(self, field: pa.Field) -> Iterator[np.ndarray]:
+        """The rows of column ``field`` in each batch written so far."""
+        meta = text_metadata(field.metadata)
+        for batch, _ in self._written_batches():
+            yield decode_column(field.name, batch.column(field.name), meta, allow_pickle=False)
+
+    def _rewrite(self, targets: dict[str, pa.Field]) -> None:
+        """Rewrite the batches written so far into a new partial file whose columns ``targets``
+        take their new field (each old column decoded and encoded again), then continue in it.
+        Costs one read and one write of what was written (decompressing and compressing again
+        for a compressed file). On an error the new file is deleted and the writer is as it was."""
+        assert self._schema is not None and self._writer is not None  # a batch was written
+        schema = pa.schema([targets.get(f.name, f) for f in self._schema], metadata=self._schema.metadata)
+        old_fields = dict(self._fields)
+        partial = self.path.with_name(f"{self.path.name}.{secrets.token_hex(4)}.partial")
+        sink = pa.OSFile(str(partial), "wb")
+        writer = None
+        try:
+            for batch, custom in self._written_batches():
+                columns = list(batch.columns)
+                for name, target in targets.items():
+                    i = batch.schema.get_field_index(name)
+                    old = decode_column(name, columns[i], text_metadata(old_fields[name].metadata), allow_pickle=False)
+                    columns[i] = encode_as(name, old, target)
+                batch = self._form(pa.RecordBatch.from_arrays(columns, schema=schema))
+                if writer is None:
+                    writer = self._new_writer(sink, batch.schema)
+                if self.checksums:
+                    custom[CHECKSUMS.encode()] = _checksum.checksums(batch).encode()
+                writer.write_batch(batch, custom_metadata=custom)
+        except BaseException as e:
+            sink.close()
+            partial.unlink(missing_ok=True)
+            if isinstance(e, (pa.ArrowException, OSError)):
+                raise EncodeError(f"cannot rewrite {self.path} with the unified columns {list(targets)}: {e}") from e
+            raise
+        self._writer.close()
+        self._sink.close()
+        self._partial.unlink(missing_ok=True)
+        self._partial, self._sink, self._writer = partial, sink, writer
+        self._schema, self._fields = schema, dict(zip(schema.names, schema))
+
+    def _start(self, schema: pa.Schema, written: pa.Schema) -> Any:
+        """Begin the file: ``schema`` is the columns in the stored form, ``written`` in the form written."""
         self._schema = schema
         self._fields = dict(zip(schema.names, schema))
-        footer = {COMPRESSION: self.compression or "none"}
-        self._writer = pa.ipc.new_file(self._sink, schema, options=self._options, metadata=footer)
+        self._writer = self._new_writer(self._sink, written)
         return self._writer
 
     def close(self) -> None:
@@ -334,7 +496,8 @@ class FileWriter:
         if self._done:
             return
         try:
-            writer = self._writer or self._start(to_arrow(DataProto()).schema)
+            empty = to_arrow(DataProto())
+            writer = self._writer or self._start(empty.schema, self._form(empty).schema)
             writer.close()
             self._sink.close()
             os.replace(self._partial, self.path)
@@ -364,8 +527,20 @@ class FileWriter:
             self.abort()
 
 
-_KIND_FROM_ROWS = frozenset({"object", "pickle"})
+_KIND_FROM_ROWS = frozenset({OBJECT, JSON, PICKLE})
 """Kinds of a ``non_tensor_batch`` column that its rows choose (no rows: ``object``)."""
+
+
+def _kind(field: pa.Field) -> str | None:
+    return text_metadata(field.metadata).get(KIND)
+
+
+def _rows_decide(field: pa.Field, expected: pa.Field) -> bool:
+    """Whether two columns differ only in what their rows chose: kinds object, json or pickle,
+    with the same dtype and row shape (:meth:`FileWriter._evolve` unifies them)."""
+    got, want = text_metadata(field.metadata), text_metadata(expected.metadata)
+    same_array = all(got.get(k) == want.get(k) for k in (DTYPE, ROW_SHAPE))
+    return same_array and {got.get(KIND), want.get(KIND)} <= _KIND_FROM_ROWS
 
 
 def _adopts(field: pa.Field, rows: int, expected: pa.Field) -> bool:
@@ -402,14 +577,19 @@ def write_file(
     compression: str | None = None,
     progress: bool = False,
     checksums: bool = False,
+    portable: bool = False,
+    stream: bool = False,
 ) -> None:
     """Write a DataProto, or an iterable of DataProtos with the same columns, to an Arrow IPC file.
 
     One record batch per DataProto; see :class:`FileWriter` for what is copied, the
-    errors, how ``path`` is replaced and ``checksums``. ``compression``: ``None``,
+    errors, how ``path`` is replaced, ``checksums``, ``portable`` (the portable view, for
+    other tools) and ``stream`` (an IPC stream file). ``compression``: ``None``,
     ``"lz4"`` or ``"zstd"``.
     """
-    with FileWriter(path, compression=compression, progress=progress, checksums=checksums) as writer:
+    with FileWriter(
+        path, compression=compression, progress=progress, checksums=checksums, portable=portable, stream=stream
+    ) as writer:
         for item in _as_batches(data):
             writer.write(item)
 
@@ -422,16 +602,18 @@ class ColumnInfo:
     """One column as recorded in a file's schema (no data is read).
 
     ``kind`` is ``"tensor"``, ``"jagged"`` or ``"strided"`` for TensorDict leaves and
-    ``"numeric"``, ``"string"``, ``"object"`` or ``"pickle"`` for ``non_tensor_batch``
+    ``"numeric"``, ``"string"``, ``"object"``, ``"json"`` or ``"pickle"`` for ``non_tensor_batch``
     columns; ``dtype`` the torch dtype name (leaves) or numpy dtype (others); ``shape``
     the shape of one row, ``None`` for a ragged dimension; ``device`` where a leaf was
-    when written (``None`` for non-tensor columns).
+    when written (``None`` for non-tensor columns). A column of another tool's file has
+    ``kind`` ``"arrow"``, its Arrow type as ``dtype`` and ``shape`` None (what it decodes
+    to follows the rule of :func:`~arrow_dataproto.from_arrow`).
     """
 
     name: str
     kind: str
     dtype: str
-    shape: list
+    shape: list | None
     device: str | None
 
     @property
@@ -441,6 +623,8 @@ class ColumnInfo:
     @classmethod
     def from_field(cls, field: pa.Field) -> "ColumnInfo":
         meta = text_metadata(field.metadata)
+        if KIND not in meta:  # another tool's column: its Arrow type (the rule of from_arrow reads it)
+            return cls(field.name, "arrow", str(field.type), None, None)
         kind = meta.get(KIND, "?")
         dtype = meta.get(DTYPE, "?")
         shape_text = meta.get(SHAPE if kind in TENSOR_KINDS else ROW_SHAPE, "null")
@@ -544,7 +728,8 @@ class _Reader:
     def arrow_dataset(self):
         """The file(s) as a ``pyarrow.dataset.Dataset``, for Arrow-level scans and filters.
 
-        Columns appear as stored (bfloat16 as uint16, tensors as fixed_shape_tensor); only
+        Columns appear as stored (bfloat16 as uint16, tensors as fixed_shape_tensor; a
+        portable file's in its plain types: float32, nested fixed-size lists); only
         the first batch's ``meta_info`` is visible (as schema metadata)."""
         import pyarrow.dataset as ds
 
@@ -614,7 +799,7 @@ class _Reader:
         """
         fields, keep = self._fields(columns)
         batch, metadata = self._read([self._index(i)], fields)[0]
-        tree = Node.parse(metadata) if keep is not None else None
+        tree = Node.parse(metadata) if keep is not None and not _foreign.is_foreign(self.schema) else None
         if tree is not None:
             metadata = {**metadata, **tree.select(set(keep or ())).metadata()}
         return batch.replace_schema_metadata(metadata)
@@ -656,6 +841,13 @@ class _Reader:
         """Rows ``a:b`` of batch ``i`` for each ``(i, a, b)`` (``b`` None: the whole batch), concatenated."""
         parts = []
         batches = self._read([i for i, _, _ in spans], fields)
+        if len(batches) > 1 and _foreign.is_foreign(self.schema):  # one table: one rule over all its rows
+            pieces = [batch.slice(a, (batch.num_rows if b is None else b) - a) for (_, a, b), (batch, _) in zip(spans, batches)]
+            try:
+                whole = as_record_batch(pa.Table.from_batches(pieces))
+            except (pa.ArrowException, ValueError) as e:  # DecodeError is a ValueError
+                raise DecodeError(f"{self}: the batches do not form one table: {e}") from e
+            return self._decode(whole, batches[0][1], keep, None, meta_info)
         with progress_bar(self.progress and len(spans) > 1, total=len(spans), desc="reading", unit="batch") as bar:
             for (_, a, b), (batch, metadata) in zip(spans, batches):
                 rows = None if b is None or (a, b) == (0, batch.num_rows) else (a, b)
@@ -686,7 +878,7 @@ class _Reader:
 def _describe_start(head: bytes) -> str:
     """Why a file that does not start with the Arrow magic is not one of ours, with a hint."""
     if head.startswith(b"\xff\xff\xff\xff"):
-        return "an Arrow IPC stream, not an Arrow IPC file (read streams with from_ipc)"
+        return "an Arrow IPC stream, not an Arrow IPC file (open_file reads it; recovery needs a file)"
     if head.startswith(b"\x80"):
         return (
             "a Python pickle (verl's DataProto.save_to_disk writes these); if you trust it, "
@@ -695,8 +887,139 @@ def _describe_start(head: bytes) -> str:
     return "not an Arrow IPC file (it does not start with ARROW1)"
 
 
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+_CODECS = {0: "lz4", 1: "zstd"}
+"""The compression codecs of the IPC format (``CompressionType``), by number."""
+
+
+def _message_header(metadata: Any) -> tuple["_FlatTable", "_FlatTable | None"]:
+    """The ``Message`` flatbuffer of an IPC message's metadata and its record batch header
+    (None for another kind of message)."""
+    message = _FlatTable.root(metadata, 0, len(metadata))
+    header = message.table(2)
+    return message, header if message.scalar(1, "<B") == 3 else None  # MessageHeader.RecordBatch
+
+
+def _header_codec(header: "_FlatTable") -> str | None:
+    compression = header.table(3)
+    if compression is None:
+        return None
+    codec = _CODECS.get(compression.scalar(0, "<b"))
+    if codec is None:
+        raise DecodeError("unknown compression codec")
+    return codec
+
+
+@dataclass(frozen=True)
+class _StreamIndex:
+    """Where the record batches of an IPC stream file lie, from one pass over its message
+    headers (nothing decompressed): ``blocks`` as a file footer lists them (offset,
+    metadata length, body length), each batch's rows and custom metadata, whether the stream
+    holds dictionaries (then batches are read in order) and its compression."""
+
+    schema: pa.Schema
+    blocks: list[tuple[int, int, int]]
+    rows: list[int]
+    custom: list[dict[str, str] | None]
+    dictionaries: bool
+    compression: str | None
+
+
+def _scan_stream(data: pa.Buffer, where: str) -> _StreamIndex:
+    """The :class:`_StreamIndex` of an IPC stream; :class:`DecodeError` if a message is cut
+    short or corrupt. The stream ends at its end-of-stream marker or at the end of the file
+    (a writer that stopped between two messages)."""
+    position = pa.BufferReader(data)
+    blocks, rows, custom, codecs = [], [], [], set()
+    dictionaries = False
+    try:
+        message = pa.ipc.read_message(position)
+        if message.type != "schema":
+            raise DecodeError("it does not start with a schema")
+        schema = pa.ipc.read_schema(message)
+        while position.tell() < data.size:
+            start = position.tell()
+            if data.slice(start, len(_END_OF_STREAM)).to_pybytes() == _END_OF_STREAM:
+                break
+            message = pa.ipc.read_message(position)
+            body = 0 if message.body is None else message.body.size
+            if message.type == "dictionary":
+                dictionaries = True
+            elif message.type == "record batch":
+                table, header = _message_header(memoryview(message.metadata))
+                if header is None:
+                    raise DecodeError(f"message at byte {start} is not a record batch")
+                blocks.append((start, position.tell() - start - body, body))
+                rows.append(header.scalar(0, "<q"))
+                codecs.add(_header_codec(header))
+                kv = _fb_key_values(table, 4)
+                custom.append(kv or None)
+            else:
+                raise DecodeError(f"unexpected {message.type} message at byte {start}")
+    except (pa.ArrowException, OSError, ValueError, EOFError) as e:  # DecodeError is a ValueError
+        raise DecodeError(f"{where}: an Arrow IPC stream cut short or corrupt: {e}") from e
+    if any(n < 0 for n in rows):
+        raise DecodeError(f"{where}: a record batch of a negative number of rows")
+    compression = next(iter(codecs - {None}), None)
+    return _StreamIndex(schema, blocks, rows, custom, dictionaries, compression)
+
+
+class _StreamFile:
+    """What :class:`FileReader` uses of a ``RecordBatchFileReader``, over a mapped IPC stream:
+    random access by batch index (zero-copy for uncompressed batches; a stream with
+    dictionaries is read in order up to the batch asked for)."""
+
+    metadata = None
+
+    def __init__(self, data: pa.Buffer, index: _StreamIndex):
+        self.data, self.index, self.schema = data, index, index.schema
+
+    @property
+    def num_record_batches(self) -> int:
+        return len(self.index.blocks)
+
+    def count_rows(self) -> int:
+        return sum(self.index.rows)
+
+    def get_batch_with_custom_metadata(self, i: int) -> tuple[pa.RecordBatch, dict[str, str] | None]:
+        if self.index.dictionaries:
+            reader = pa.ipc.open_stream(self.data)
+            for _ in range(i):
+                reader.read_next_batch()
+            batch, _ = reader.read_next_batch_with_custom_metadata()
+        else:
+            offset, meta_length, body_length = self.index.blocks[i]
+            message = pa.ipc.read_message(self.data.slice(offset, meta_length + body_length))
+            batch = pa.ipc.read_record_batch(message, self.schema)
+        return batch, self.index.custom[i]
+
+
+def _first_codec(data: pa.Buffer, stream: _StreamIndex | None) -> str:
+    """The compression of a file whose footer does not record it (another tool's), from
+    its first record batch's header: ``"none"``, ``"lz4"`` or ``"zstd"``."""
+    if stream is not None:
+        return stream.compression or "none"
+    try:
+        blocks = _limits.file_blocks(data)
+        if not blocks:
+            return "none"
+        offset, meta_length, body_length = blocks[0]
+        if offset < 0 or meta_length < 8 or body_length < 0 or offset + meta_length + body_length > data.size:
+            raise DecodeError("a record batch lies outside the file")
+        message = pa.ipc.read_message(data.slice(offset, meta_length + body_length))
+        _, header = _message_header(memoryview(message.metadata))
+        return "none" if header is None else (_header_codec(header) or "none")
+    except (pa.ArrowException, OSError, ValueError, EOFError) as e:  # DecodeError is a ValueError
+        raise DecodeError(f"corrupt Arrow file: {e}") from e
+
+
 class FileReader(_Reader):
-    """An Arrow IPC file of DataProto batches, open for reading; made by :func:`open_file`."""
+    """An Arrow IPC file of DataProto batches, open for reading; made by :func:`open_file`.
+
+    ``stream`` says whether it is an IPC stream file (no footer), ``foreign`` whether it is
+    another tool's (no ``adp.*`` schema metadata: read by the rule of
+    :func:`~arrow_dataproto.from_arrow`).
+    """
 
     def __init__(
         self,
@@ -715,34 +1038,45 @@ class FileReader(_Reader):
         self._fd: int | None = open_regular(self.path)
         try:
             self.file_size = os.fstat(self._fd).st_size
-            reader = self._open_ipc()
+            self._stream: _StreamIndex | None = None
+            reader, data = self._open_mapped()
             self.schema = reader.schema
             self._num_batches = reader.num_record_batches
             footer = text_metadata(reader.metadata)
-            check_schema(self.schema)
+            self.stream = self._stream is not None
+            self.foreign = _foreign.is_foreign(self.schema)
+            if self.foreign:
+                check_field_names(self.schema)
+            else:
+                check_schema(self.schema)
+            compression = footer.get(COMPRESSION) or _first_codec(data, self._stream)
         except BaseException:
             self.close()
             raise
         self._footer_schema_metadata = text_metadata(self.schema.metadata)
         self._layout = _layout(self._footer_schema_metadata)
-        compression = footer.get(COMPRESSION)
-        self.compression: str | None = None if compression == "none" else (compression or "unknown")
+        self.compression: str | None = None if compression == "none" else compression
         narrowest = min(range(len(self.schema)), key=lambda i: _row_bits(self.schema.field(i).type), default=None)
         self._probe_fields = None if self.compression is None or narrowest is None else [narrowest]
         self._max_decoded = _limits.limit(max_decoded_bytes, self.file_size)
-        self._blocks: list[tuple[int, int, int]] | None = None
+        self._blocks: list[tuple[int, int, int]] | None = None if self._stream is None else self._stream.blocks
 
     def _open_ipc(self, fields: list[int] | None = None) -> pa.ipc.RecordBatchFileReader:
         """A fresh private copy-on-write mapping of the file, opened as an Arrow IPC file."""
         return self._open_mapped(fields)[0]
 
-    def _open_mapped(self, fields: list[int] | None = None) -> tuple[pa.ipc.RecordBatchFileReader, pa.Buffer]:
-        """:meth:`_open_ipc` and the mapped bytes."""
+    def _open_mapped(self, fields: list[int] | None = None) -> tuple[Any, pa.Buffer]:
+        """:meth:`_open_ipc` and the mapped bytes (an IPC stream: a :class:`_StreamFile`)."""
         if self._fd is None:
             raise DataProtoError(f"{self.path} is closed")
         if self.file_size == 0:
             raise DecodeError(f"{self.path}: empty file")
         source = mmap.mmap(self._fd, 0, access=mmap.ACCESS_COPY)
+        if source[: len(_CONTINUATION)] == _CONTINUATION:  # an IPC stream (HF datasets' cache files)
+            data = pa.py_buffer(source)
+            if self._stream is None:
+                self._stream = _scan_stream(data, str(self.path))
+            return _StreamFile(data, self._stream), data
         if source[: len(MAGIC)] != MAGIC:
             raise DecodeError(f"{self.path}: {_describe_start(source[:8])}")
         if len(source) < 2 * len(MAGIC) + 6 or source[-len(MAGIC):] != MAGIC:
@@ -760,6 +1094,8 @@ class FileReader(_Reader):
         try:
             if self._blocks is None:
                 self._blocks = _limits.file_blocks(data)
+            if self._stream is not None and self._stream.dictionaries:  # read in order: every batch before counts
+                indices = range(max(indices, default=-1) + 1)
             total = sum(_limits.block_decoded_bytes(data, self._blocks[i]) for i in indices)
         except (pa.ArrowException, OSError, ValueError, IndexError, EOFError) as e:
             if isinstance(e, DecodeError):
@@ -815,6 +1151,8 @@ class FileReader(_Reader):
         return checked
 
     def _count_rows(self):
+        if self._stream is not None:  # from the message headers
+            return list(self._stream.rows)
         if self.compression is not None and self.num_batches == 1:
             return [self._open_ipc().count_rows()]  # from the batch's message header: nothing decompressed
         return [batch.num_rows for batch, _ in self._read(range(self.num_batches), self._probe_fields)]
@@ -843,7 +1181,9 @@ def open_file(
     max_decoded_bytes: int | str | None = "auto",
     verify: bool = False,
 ) -> FileReader:
-    """Open an Arrow IPC file written by :func:`write_file` / :class:`FileWriter`.
+    """Open an Arrow IPC file written by :func:`write_file` / :class:`FileWriter`, or any
+    other Arrow IPC file or IPC stream file (see the module docstring; another tool's
+    columns are read by the rule of :func:`~arrow_dataproto.from_arrow`).
 
     Reads only the footer; batches are read on demand, memory-mapped (see the module
     docstring: zero-copy, copy-on-write, each read call its own mapping). The reader has
@@ -868,7 +1208,7 @@ def open_file(
     them); opening stays O(1) either way.
 
     Raises ``FileNotFoundError``/``OSError`` as ``open`` does, :class:`DecodeError` for
-    a file that is not an arrow-dataproto Arrow file, truncated or corrupt, and
+    a file that is not Arrow (or whose schema names another format), truncated or corrupt, and
     :class:`FormatVersionError` for an incompatible format version.
     """
     return FileReader(
@@ -987,10 +1327,11 @@ def open_dataset(paths: str | os.PathLike | Iterable[str | os.PathLike], **optio
 # ---------------------------------------------------------------- copying and recovery
 
 
-def _write_all(batches: Iterable[tuple[pa.RecordBatch, dict[str, str]]], out: str | os.PathLike, compression: str | None) -> FileWriter:
+def _write_all(batches: Iterable[tuple[pa.RecordBatch, dict[str, str]]], out: str | os.PathLike, compression: str | None, **options: bool) -> FileWriter:
     """Write ``(batch, schema metadata)`` pairs as they are (nothing decoded) into a new file ``out``;
-    on an error the partial file is deleted and ``out`` left as it was. Returns the closed writer."""
-    writer = FileWriter(out, compression=compression)
+    on an error the partial file is deleted and ``out`` left as it was. Returns the closed writer.
+    ``options``: ``portable`` and ``stream`` of :class:`FileWriter`."""
+    writer = FileWriter(out, compression=compression, **options)
     try:
         for batch, metadata in batches:
             writer._write(batch.replace_schema_metadata(metadata))
@@ -1006,18 +1347,22 @@ def copy_file(
     *,
     compression: str | None = None,
     max_decoded_bytes: int | str | None = "auto",
+    portable: bool = False,
+    stream: bool = False,
 ) -> int:
     """Copy a complete file batch by batch into ``out`` with another ``compression``; returns
     the batch count.
 
     Works on the Arrow data: nothing is decoded, so pickled columns are copied without
     being unpickled (each batch still passes Arrow's full validation first). ``out`` may be
-    ``path`` itself. Errors and ``max_decoded_bytes`` as in :func:`open_file`; for a file
-    whose writer did not finish, see :func:`recover_file`.
+    ``path`` itself. ``portable`` and ``stream`` choose the form of ``out`` as in
+    :class:`FileWriter` (a portable file copied without ``portable=True`` gets its stored
+    types back, exactly). Errors and ``max_decoded_bytes`` as in :func:`open_file`; for a
+    file whose writer did not finish, see :func:`recover_file`.
     """
     with open_file(path, max_decoded_bytes=max_decoded_bytes) as reader:
         batches = (reader._read([i], None)[0] for i in range(reader.num_batches))
-        writer = _write_all(batches, out, compression)
+        writer = _write_all(batches, out, compression, portable=portable, stream=stream)
     writer.close()
     return writer.num_batches
 
@@ -1199,6 +1544,17 @@ def read_layout(path: str | os.PathLike, *, row_lengths: bool = True) -> list[Ba
             metadata = _fb_key_values(message, 4) or schema_metadata  # as FileReader reads it
             layouts.append(BatchLayout(rows, codec, metadata, stored, raw, lengths))
     return layouts
+
+
+def layout_readable(t: pa.DataType) -> bool:
+    """Whether :func:`read_layout` can size a column of Arrow type ``t`` from the IPC
+    metadata alone (every type this library writes; not the view types of other tools,
+    whose buffer count varies from batch to batch)."""
+    try:
+        _field_layout(t)
+        return True
+    except DecodeError:
+        return False
 
 
 def _field_layout(t: pa.DataType) -> tuple[int, int, tuple[int, int, int] | None]:

@@ -7,6 +7,9 @@ reported with the input that caused it. Targets:
 ``ipc``, ``ipc-lz4``, ``ipc-zstd``
     ``from_ipc(bytes)`` on an Arrow IPC stream (uncompressed / compressed),
     as from an untrusted peer: ``allow_pickle=False``.
+``ipc-portable``
+    ``from_ipc(bytes)`` on a stream of the portable view (``to_arrow(portable=True)``):
+    a widened value that no longer narrows must be a ``DecodeError``, never another value.
 ``state``
     ``pickling.rebuild_dataproto(*state)``: the state a DataProto pickles to
     (schema bytes, row count, one ``(length, null_count, offset, buffers,
@@ -307,6 +310,15 @@ def _ipc_target(compression: str | None) -> Target:
     )
 
 
+def _portable_ipc(dp: adp.DataProto) -> bytes:
+    """An IPC stream of the portable view of ``dp`` (``to_arrow(portable=True)``)."""
+    record_batch = adp.to_arrow(dp, portable=True)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, record_batch.schema) as writer:
+        writer.write_batch(record_batch)
+    return sink.getvalue().to_pybytes()
+
+
 def targets() -> dict[str, Target]:
     """The targets available in this checkout, by name."""
     found = [_ipc_target(None), _ipc_target("lz4"), _ipc_target("zstd")]
@@ -363,6 +375,14 @@ def targets() -> dict[str, Target]:
             seeds=tuple(s for s in SEEDS if s != "pickled"),  # a frame holds the objects themselves: nothing to refuse
         )
     )
+    found.append(
+        Target(
+            "ipc-portable",
+            encode=_portable_ipc,
+            decode=adp.from_ipc,
+            mutate=lambda payload, rng, corpus, target: _mutate_stream(payload, rng, corpus, target, None),
+        )
+    )
     return {t.name: t for t in found}
 
 
@@ -403,7 +423,7 @@ SCHEMA_VALUES = {
     "adp.meta_info": ["[]", "gASVAAAAAAAAAAAu", base64.b64encode(b"\x80\x05junk").decode(), "!!"],
 }
 FIELD_VALUES = {
-    "adp.kind": ["tensor", "jagged", "strided", "numeric", "string", "object", "pickle", ""],
+    "adp.kind": ["tensor", "jagged", "strided", "numeric", "string", "object", "json", "pickle", ""],
     "adp.dtype": ["int8", "uint8", "int64", "float32", "bfloat16", "complex64", "complex128", "bool", "float8_e4m3fn",
                   "bits16", "quint8", "bogus", "<i8", "<f4", "|b1", "|O", "<U5", "|S3", ">i4", "<M8[ns]", "<c8", "V8",
                   '[["a", "<i4"]]', "<U99999999999", "<U1000000000", "[garbage", "<U100000000", "|S100000000",
@@ -601,7 +621,9 @@ def _mutate_bytes(payload: bytes, rng: random.Random, donor: bytes, spans=()) ->
         runs = [m.span() for m in re.finditer(rb"\d+", bytes(data))]
         if runs:
             start, end = rng.choice(runs)
-            digits = rng.choice(["0" * (end - start), "9" * (end - start), str(rng.randrange(10 ** (end - start)))])
+            n = end - start  # str() of an int refuses more than 4,300 digits (a long run of digit bytes)
+            random_digits = str(rng.randrange(10**n)) if n <= 4000 else "".join(rng.choices("0123456789", k=n))
+            digits = rng.choice(["0" * n, "9" * n, random_digits])
             data[start:end] = digits.rjust(end - start, "0").encode()
     elif op == "bitflip":
         for _ in range(rng.randrange(1, 9)):
@@ -744,7 +766,7 @@ RECORD_VALUES = {
     "batch_size": [[6], [0], [-1], [2**63], [10**30], None, "6", [6, 2]],
     "device": [None, "cpu", "privateuseone", "cuda:99999999999999999999", "\u00e9", 5],
     "tree": [[], ["x", "x"], ["a", ["a", [6], None, ["c"]]], None, [1]],
-    "kind": ["tensor", "jagged", "strided", "numeric", "string", "object", "pickle", "bogus", None],
+    "kind": ["tensor", "jagged", "strided", "numeric", "string", "object", "json", "pickle", "bogus", None],
     "dtype": ["int64", "float32", "bfloat16", "<i8", "<U100000000", "|S100000000", "<U1", "<M8[as]", "<M8",
               "|O", "bogus", 5],
     "shape": [[2**62, 2**62], [10**30], [2**40, 2**40, 2**40], [None], [], [-1], [3], "x", None],

@@ -94,10 +94,47 @@ def pickled_dataproto() -> adp.DataProto:
     return adp.DataProto(td, {"grid": grid}, {"step": (1, 2)})
 
 
+def json_dataproto() -> adp.DataProto:
+    """Since 1.2: object columns of the JSON kind, as a verl rollout holds them (dict keys that
+    vary by row, ``1.0``/``0``/``None`` and ``"7"``/``7`` mixed, chat messages with an extra
+    ``tool_calls: None``, nested dicts, ``None`` rows, non-ASCII text), one whose lone
+    surrogate makes the column ASCII-escaped, next to a native struct column."""
+
+    def column(*rows: object) -> np.ndarray:
+        out = np.empty(len(rows), dtype=object)
+        for i, row in enumerate(rows):
+            out[i] = row
+        return out
+
+    system = {"role": "system", "content": "be brief"}
+    non_tensor = {
+        "extra_info": column(
+            {"index": 0, "split": "train", "answer": "#### 7"},
+            {"index": 1, "split": "train", "tools_kwargs": {"calc": {"create_kwargs": {"ground_truth": "7"}}}},
+            {"index": 2, "split": "test", "question": "¿cuántos? 几个?"},
+            None,
+        ),
+        "tools_kwargs": column({}, {"calc": {"create_kwargs": {"ground_truth": "7"}}}, {}, {"x": [1, 2.5, True, None]}),
+        "raw_prompt": column(
+            [system, {"role": "user", "content": "1+1?"}],
+            [system, {"role": "user", "content": "2+2?", "tool_calls": None}],
+            [],
+            [{"role": "user", "content": "emoji 🎲", "tool_calls": None}],
+        ),
+        "scores": column(1.0, 0, None, -0.0),
+        "ground_truth": column("7", 7, "7.0", 2**63 - 1),
+        "escaped": column("lone \ud800 surrogate", {"k": "\udfff"}, None, ["ok"]),
+        "reward_model": column(*({"ground_truth": str(i), "style": "rule"} for i in range(4))),
+    }
+    td = TensorDict({"ids": torch.arange(8).view(4, 2)}, batch_size=[4])
+    return adp.DataProto(td, non_tensor, {"metrics": [{"reward/mean": 0.5}], "global_steps": 3})
+
+
 GOLDEN = {
     "sample": lambda: sample_dataproto(seed=1234),
     "kinds": kinds_dataproto,
     "pickled": pickled_dataproto,
+    "json": json_dataproto,
 }
 """The golden DataProtos by name; each builder is deterministic."""
 

@@ -442,15 +442,22 @@ def test_files_that_are_not_ours(tmp_path, content, message):
         open_file(path)
 
 
-def test_an_ipc_stream_or_a_foreign_arrow_file_is_refused(tmp_path):
+def test_an_ipc_stream_or_a_foreign_arrow_file_is_read(tmp_path):
+    # Issue 10: these were refused ("stream", "not an arrow-dataproto payload"); now they read.
     (tmp_path / "s.arrow").write_bytes(to_ipc(sample_dataproto(rows=2)).to_pybytes())
-    with pytest.raises(DecodeError, match="stream"):
-        open_file(tmp_path / "s.arrow")
+    assert_dataproto_equal(open_file(tmp_path / "s.arrow").read_all(), sample_dataproto(rows=2))
     table = pa.table({"a": [1, 2]})
     with pa.ipc.new_file(str(tmp_path / "foreign.arrow"), table.schema) as writer:
         writer.write_table(table)
+    assert open_file(tmp_path / "foreign.arrow").read_all().batch["a"].tolist() == [1, 2]
+
+
+def test_a_schema_naming_another_format_is_refused(tmp_path):
+    table = pa.table({"a": [1, 2]}).replace_schema_metadata({"adp.format": "parquet"})
+    with pa.ipc.new_file(str(tmp_path / "other.arrow"), table.schema) as writer:
+        writer.write_table(table)
     with pytest.raises(DecodeError, match="not an arrow-dataproto payload"):
-        open_file(tmp_path / "foreign.arrow")
+        open_file(tmp_path / "other.arrow")
 
 
 def test_a_newer_major_format_version_is_refused(tmp_path):

@@ -1,5 +1,8 @@
 """Files written by arrow_dataproto.files.write_file open in pandas, polars and DuckDB with the right values.
 
+This is the default (stored) form; the portable view (``write_file(..., portable=True)``),
+which every tool reads as values, is tested in ``tests/test_portable.py``.
+
 What other readers see of our column kinds (checked below):
 
 - plain tensors ``[B]``, strings, dicts and numeric ``non_tensor_batch`` columns: their

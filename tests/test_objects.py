@@ -77,7 +77,7 @@ def objects(*items) -> np.ndarray:
 def roundtrip(values, *, allow_pickle=True):
     array, metadata = encode_column("col", values)
     assert isinstance(array, pa.Array) and len(array) == len(values)
-    assert metadata["adp.kind"] in {"numeric", "string", "object", "pickle"}
+    assert metadata["adp.kind"] in {"numeric", "string", "object", "json", "pickle"}
     assert all(isinstance(k, str) and k.startswith("adp.") for k in metadata)
     assert all(isinstance(v, str) for v in metadata.values())
     assert json.loads(metadata["adp.row_shape"]) == list(values.shape[1:])
@@ -144,15 +144,27 @@ def grid(*rows) -> np.ndarray:
     return out
 
 
-PICKLED = {
+JSON = {  # pickled before format 1.2 (issue 10): JSON gives them back exactly
     "mixed_types": objects(1, "a", None),
-    "tuples": objects((1, 2), (3, 4)),
-    "custom_class": objects(Point(1, 2.0), Point(3, -0.5)),
     "bool_and_int": objects(True, 2),
     "int_and_float": objects(1, 2.5),
-    "str_and_bytes": objects("a", b"a"),
     "key_order": objects({"a": 1, "b": 2}, {"b": 2, "a": 1}),
     "missing_keys": objects({"a": 1}, {"b": 2}),
+}
+
+
+@pytest.mark.parametrize("values", JSON.values(), ids=JSON.keys())
+def test_json_tier(values):
+    array, metadata, decoded = roundtrip(values, allow_pickle=False)
+    assert metadata["adp.kind"] == "json"
+    assert array.type == pa.json_(pa.string())
+    assert_array_identical(values, decoded)
+
+
+PICKLED = {
+    "tuples": objects((1, 2), (3, 4)),
+    "custom_class": objects(Point(1, 2.0), Point(3, -0.5)),
+    "str_and_bytes": objects("a", b"a"),
     "int_keys": objects({1: "a"}, {2: "b"}),
     "nan_in_dicts_mixed": objects({"a": 1}, {"a": NAN}),
     "numpy_scalars": objects(np.int64(1), np.float32(2.0)),

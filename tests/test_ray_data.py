@@ -55,10 +55,16 @@ def folder(tmp_path_factory):
     return path
 
 
-def add_score(table):
-    dp = adp.ray_data.to_dataproto(table)
-    dp.batch["score"] = dp.batch["extra"]["values"].sum(dim=-1)
-    return adp.ray_data.from_dataproto(dp)
+def scorer():
+    """The map_batches function, made inside the test: Ray ships it by value (the workers
+    cannot import this test module)."""
+
+    def add_score(table):
+        dp = adp.ray_data.to_dataproto(table)
+        dp.batch["score"] = dp.batch["extra"]["values"].sum(dim=-1)
+        return adp.ray_data.from_dataproto(dp)
+
+    return add_score
 
 
 def test_one_block_per_record_batch_each_decodes_to_its_batch(ray_session, folder):
@@ -96,7 +102,7 @@ def test_select_columns_is_pushed_into_the_read(ray_session, folder):
 
 def test_map_batches_with_to_dataproto_and_back(ray_session, folder):
     ray = ray_session
-    ds = adp.ray_data.read_files(folder).map_batches(add_score, batch_format="pyarrow", batch_size=None)
+    ds = adp.ray_data.read_files(folder).map_batches(scorer(), batch_format="pyarrow", batch_size=None)
     out = [adp.ray_data.to_dataproto(t) for t in ray.get(ds.to_arrow_refs())]
     for dp, expected in zip(out, batches()):
         score = dp.batch.pop("score")
@@ -104,15 +110,24 @@ def test_map_batches_with_to_dataproto_and_back(ray_session, folder):
         assert_dataproto_equal(dp, expected)
 
 
-def test_batches_that_cut_across_blocks_take_their_rows(ray_session, folder):
-    """Ray re-batches blocks (here 10 rows at a time across 16-row blocks): each batch is
-    a DataProto of the rows it holds, with the meta_info of its first record batch."""
+def test_batches_that_cut_blocks_take_their_rows(ray_session, folder):
+    """Ray re-batches blocks (here at most 10 rows at a time out of 16-row blocks): each call
+    gets a DataProto of the rows it holds, whatever the file's batch size says."""
     ray = ray_session
-    ds = adp.ray_data.read_files(folder).map_batches(add_score, batch_format="pyarrow", batch_size=10)
+
+    def count_rows(table):
+        dp = adp.ray_data.to_dataproto(table)
+        dp.batch["rows_in_call"] = torch.full((len(dp),), len(dp))
+        dp.batch["score"] = dp.batch["extra"]["values"].sum(dim=-1)
+        return adp.ray_data.from_dataproto(dp)
+
+    ds = adp.ray_data.read_files(folder).map_batches(count_rows, batch_format="pyarrow", batch_size=10)
     out = [adp.ray_data.to_dataproto(t) for t in ray.get(ds.to_arrow_refs())]
-    whole = adp.DataProto.concat(out)
-    expected = adp.DataProto.concat(batches())
+    whole = adp.DataProto.concat(out, meta_info="update")
+    expected = adp.DataProto.concat(batches(), meta_info="update")
     assert len(whole) == len(expected) == 48
+    sizes = set(whole.batch["rows_in_call"].tolist())
+    assert 10 in sizes and max(sizes) == 10 and len(sizes) > 1
     assert torch.equal(whole.batch["score"], expected.batch["extra"]["values"].sum(dim=-1))
     assert torch.equal(whole.batch["input_ids"], expected.batch["input_ids"])
     assert list(whole.non_tensor_batch["uid"]) == list(expected.non_tensor_batch["uid"])

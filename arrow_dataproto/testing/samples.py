@@ -9,6 +9,10 @@ small sizes for tests.
   (default 6400 x 20480 = 1 GiB).
 - ``ppo_batch(rows, prompt, response, seed)``: ``(batch, non_tensor, meta_info)`` shaped like
   a PPO step of an RL trainer (default 2560 x (1024 + 1024), about 280 MB of tensors).
+- ``verl_rollout(rows, prompt, response, seed)``: ``ppo_batch`` plus the object columns of a
+  real verl rollout (``extra_info``, ``tools_kwargs``, ``raw_prompt``, ``scores``,
+  ``ground_truth``, multi-turn ``messages``, ``multi_modal_data``): every one JSON but none
+  native Arrow (keys vary by row, types mix), so they exercise the JSON tier.
 - ``jagged_batch(rows, max_len, seed)``: one int64 jagged ``torch.nested`` tensor ``input_ids``
   (layout=torch.jagged) whose row lengths are uniform in 1..max_len
   (default 6400 rows x up to 20480: about 0.5 GiB of values).
@@ -24,7 +28,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-__all__ = ["seed_batch", "ppo_batch", "jagged_batch", "nbytes"]
+__all__ = ["seed_batch", "ppo_batch", "verl_rollout", "jagged_batch", "nbytes"]
 
 VOCAB = 151_936  # token ids stay below a typical LLM vocabulary size
 PAD = 0
@@ -117,6 +121,91 @@ def ppo_batch(
         "global_steps": 7,
         "global_token_num": attention_mask.sum(dim=1).tolist(),
     }
+    return batch, non_tensor, meta_info
+
+
+_SYSTEM = "You are a helpful assistant. Think step by step and put the final answer in \\boxed{}."
+_TOOL = "calc_gsm8k_reward"
+
+
+def _tool_call(i: int, answer: int) -> dict:
+    arguments = '{"answer": "%d"}' % answer
+    return {"id": f"call_{i}", "type": "function", "function": {"name": _TOOL, "arguments": arguments}}
+
+
+def verl_rollout(
+    rows: int = 2560, prompt: int = 1024, response: int = 1024, seed: int = 0
+) -> tuple[TensorDict, dict[str, np.ndarray], dict]:
+    """:func:`ppo_batch` plus the object columns a real verl rollout carries, shaped as verl
+    and its recipes fill them: ``(batch, non_tensor_batch, meta_info)``.
+
+    Added ``non_tensor_batch`` columns (1-D object arrays), each one JSON but none of them
+    native Arrow (:mod:`arrow_dataproto._objects`: pyarrow would add missing keys or change
+    types):
+
+    - ``extra_info``: dicts whose keys vary by row (``index``, ``split``, ``question``,
+      sometimes ``answer``, ``tools_kwargs``, ``interaction_kwargs``);
+    - ``tools_kwargs``: ``{}`` in some rows, nested dicts in others;
+    - ``raw_prompt``: chat messages (system + user), some with an extra ``tool_calls: None``;
+    - ``scores``: ``1.0``, ``0`` and ``None`` mixed; ``ground_truth``: ``"7"`` and ``7`` mixed;
+    - ``messages``: multi-turn conversations with tool calls and tool results;
+    - ``multi_modal_data``: ``None``, ``{"image": [urls]}`` or ``{"image": [urls], "video": None}``
+      (image URLs, not image bytes: a column holding raw bytes is pickled).
+
+    ``meta_info`` gains ``metrics`` (a list of dicts). Deterministic for a given ``seed``.
+    """
+    batch, non_tensor, meta_info = ppo_batch(rows, prompt, response, seed)
+    rng = np.random.default_rng(seed + 1)
+    B = rows
+    answers = rng.integers(0, 10_000, B)
+    kind = rng.integers(0, 4, B)  # varies what each row carries
+    words = ["apples", "trains", "marbles", "pages", "coins", "cookies", "miles", "hours"]
+
+    def question(i: int) -> str:
+        a, b = (int(x) for x in rng.integers(1, 500, 2))
+        return f"Natalia sold {a} {words[i % len(words)]} in April and {b} in May. How many in total? 问题 {i}"
+
+    questions = [question(i) for i in range(B)]
+    extra_info, tools_kwargs, raw_prompt, messages, scores, truths, media = [], [], [], [], [], [], []
+    for i in range(B):
+        k, answer, q = int(kind[i]), int(answers[i]), questions[i]
+        tools = {} if k % 2 == 0 else {_TOOL: {"create_kwargs": {"ground_truth": str(answer)}}}
+        info: dict[str, Any] = {"index": i, "split": "train", "question": q}
+        if k != 3:
+            info["answer"] = f"#### {answer}"
+        if tools:
+            info["need_tools_kwargs"] = True
+            info["tools_kwargs"] = tools
+        if k == 2:
+            info["interaction_kwargs"] = {"name": "gsm8k", "query": q, "ground_truth": str(answer)}
+        extra_info.append(info)
+        tools_kwargs.append(tools)
+        user: dict[str, Any] = {"role": "user", "content": q}
+        if k == 1:
+            user["tool_calls"] = None
+        raw_prompt.append([{"role": "system", "content": _SYSTEM}, user])
+        turns = [{"role": "system", "content": _SYSTEM}, {"role": "user", "content": q}]
+        for t in range(k):
+            turns.append({"role": "assistant", "content": f"Let me compute step {t}.", "tool_calls": [_tool_call(t, answer)]})
+            turns.append({"role": "tool", "content": f"Current parsed answer={answer} result=0.{t}", "tool_call_id": f"call_{t}"})
+        turns.append({"role": "assistant", "content": f"The answer is \\boxed{{{answer}}}.", "tool_calls": None})
+        messages.append(turns)
+        scores.append((1.0, 0, None, 0.5)[k])
+        truths.append(str(answer) if k % 2 else answer)
+        images = [f"https://example.com/images/{i}-{j}.jpg" for j in range(k)]
+        media.append(None if k == 0 else {"image": images} if k == 1 else {"image": images, "video": None})
+    non_tensor.update(
+        {
+            "extra_info": _object_array(extra_info),
+            "tools_kwargs": _object_array(tools_kwargs),
+            "raw_prompt": _object_array(raw_prompt),
+            "messages": _object_array(messages),
+            "scores": _object_array(scores),
+            "ground_truth": _object_array(truths),
+            "multi_modal_data": _object_array(media),
+        }
+    )
+    meta_info["metrics"] = [{"reward/mean": 0.5, "response_length/mean": float(response) / 2}]
     return batch, non_tensor, meta_info
 
 
