@@ -184,7 +184,7 @@ def verl_rollout(
         if k == 1:
             user["tool_calls"] = None
         raw_prompt.append([{"role": "system", "content": _SYSTEM}, user])
-        turns = [{"role": "system", "content": _SYSTEM}, {"role": "user", "content": q}]
+        turns: list[dict[str, Any]] = [{"role": "system", "content": _SYSTEM}, {"role": "user", "content": q}]
         for t in range(k):
             turns.append({"role": "assistant", "content": f"Let me compute step {t}.", "tool_calls": [_tool_call(t, answer)]})
             turns.append({"role": "tool", "content": f"Current parsed answer={answer} result=0.{t}", "tool_call_id": f"call_{t}"})
