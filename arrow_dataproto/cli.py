@@ -652,6 +652,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     args = _parser().parse_args(argv)
+    source = getattr(args, "file", None) or getattr(args, "input", None)
+    if source is not None and not os.path.exists(source):  # answered before torch is imported
+        print(f"arrow-dataproto: error: no such file: {source!r}", file=sys.stderr)
+        return 1
     try:
         return args.run(args)
     except BrokenPipeError:  # output piped into a program that stopped reading (e.g. `| head`)

@@ -331,7 +331,11 @@ def test_bench_default_folder_is_the_checkout(tmp_path, capsys, monkeypatch):
 # ---------------------------------------------------------------- start-up, inspect details, head layout
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["inspect", "--help"], ["inspect"], ["nope"], ["--version"]])
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["inspect", "--help"], ["inspect"], ["nope"], ["--version"],
+     ["inspect", "/no/such/file.arrow"], ["convert", "/no/such/in.arrow", "out.arrow"]],
+)
 def test_help_and_usage_errors_import_neither_torch_nor_pyarrow(argv):
     code = (
         "import sys\n"
