@@ -8,25 +8,15 @@ result coming back, cross between stores as they would between machines.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
+from two_nodes import run_as_child, two_nodes
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 DONE = "two-node round trip: exact both ways"
 
 
 def test_dataproto_to_an_actor_on_a_second_node():
     pytest.importorskip("ray", reason="ray is not installed (pip install arrow-dataproto[ray])")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))}
-    env.pop("RAY_ADDRESS", None)
-    child = subprocess.run(
-        [sys.executable, os.path.abspath(__file__)], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert child.returncode == 0, f"stdout:\n{child.stdout[-4000:]}\nstderr:\n{child.stderr[-8000:]}"
-    assert DONE in child.stdout
+    run_as_child(__file__, DONE)
 
 
 def main() -> None:
@@ -34,7 +24,6 @@ def main() -> None:
     there, and check the data the actor receives and what the driver gets back."""
     import ray
     import torch
-    from ray.cluster_utils import Cluster
     from arrow_dataproto.testing import assert_dataproto_equal, sample_dataproto
 
     def batch():  # about 1 MiB: travels through the object stores, not inlined
@@ -62,11 +51,7 @@ def main() -> None:
             dp.batch["input_ids"].add_(1)
             return receive_mode().mode, private, int(dp.batch["input_ids"][0, 0])
 
-    store = 128 * 1024**2
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": store})
-    cluster.add_node(num_cpus=1, object_store_memory=store, resources={"second_node": 1})
-    ray.init(address=cluster.address, include_dashboard=False, configure_logging=False)
-    try:
+    with two_nodes(resources={"second_node": 1}):
         driver_node = ray.get_runtime_context().get_node_id()
         scorer = Scorer.remote()
         actor_node = ray.get(scorer.node.remote())
@@ -85,9 +70,6 @@ def main() -> None:
         assert ray.get(scorer.write_in_place.remote(ref)) == ("on_write", True, first + 1)  # the object is intact
         assert_dataproto_equal(ray.get(ref), batch())
         print(DONE)
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 if __name__ == "__main__":

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -21,8 +19,8 @@ pytest.importorskip("ray.data", reason="ray is not installed (pip install arrow-
 import arrow_dataproto as adp  # noqa: E402
 from arrow_dataproto import files  # noqa: E402
 from arrow_dataproto.testing import assert_dataproto_equal, sample_dataproto  # noqa: E402
+from two_nodes import run_as_child, two_nodes  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 DONE = "two-node Ray Data read: exact, both nodes read"
 
 
@@ -156,13 +154,7 @@ def test_the_datasource_holds_no_data(folder, tmp_path):
 
 
 def test_blocks_across_two_nodes():
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))}
-    env.pop("RAY_ADDRESS", None)
-    child = subprocess.run(
-        [sys.executable, os.path.abspath(__file__)], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert child.returncode == 0, f"stdout:\n{child.stdout[-4000:]}\nstderr:\n{child.stderr[-8000:]}"
-    assert DONE in child.stdout
+    run_as_child(__file__, DONE)
 
 
 def main() -> None:
@@ -172,14 +164,9 @@ def main() -> None:
 
     import ray
     import ray.data
-    from ray.cluster_utils import Cluster
 
-    store = 128 * 1024**2
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": store})
-    cluster.add_node(num_cpus=1, object_store_memory=store)
-    ray.init(address=cluster.address, include_dashboard=False, configure_logging=False, log_to_driver=False)
-    ray.data.DataContext.get_current().execution_options.preserve_order = True
-    try:
+    with two_nodes():
+        ray.data.DataContext.get_current().execution_options.preserve_order = True
         folder = tempfile.mkdtemp()
         parts = batches(4, rows=32)
         files.write_file(os.path.join(folder, "a.arrow"), parts[:2])
@@ -198,9 +185,6 @@ def main() -> None:
             assert_dataproto_equal(dp, expected)
         assert len(nodes) == 2, f"the reads ran on {len(nodes)} node(s)"
         print(DONE)
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 if __name__ == "__main__":
