@@ -19,7 +19,6 @@ The page cache is warm (files were just written); writes are not fsynced.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import tempfile
@@ -28,7 +27,7 @@ from pathlib import Path
 import torch
 
 from batches import ppo_batch, seed_batch
-from harness import RESULTS, command, interleaved, pair, ratio, save
+from harness import arguments, command, interleaved, pair, ratio, save
 
 from arrow_dataproto import DataProto
 from arrow_dataproto.files import open_file, write_file
@@ -107,11 +106,7 @@ def report(cmd: str, rows) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small batches, one repeat, print only")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", help="results file (default: benchmarks/results/checksums.md unless --quick)")
-    args = parser.parse_args()
+    args = arguments(__doc__, "checksums.md", repeats=3, quick="small batches")
     if args.quick:
         cases = {"ppo": DataProto(*ppo_batch(rows=64, prompt=128, response=128)),
                  "seed": DataProto(seed_batch(rows=64, cols=4096))}
@@ -124,7 +119,7 @@ def main() -> None:
         rows = [row for case, dp in cases.items() for row in measure(case, dp, folder, repeats)]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    save(report(command("bench_checksum.py"), rows), args.out or (None if args.quick else RESULTS / "checksums.md"))
+    save(report(command("bench_checksum.py"), rows), args.out)
 
 
 if __name__ == "__main__":

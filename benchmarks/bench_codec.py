@@ -15,12 +15,11 @@ it to ``benchmarks/results/codec.md`` (``--out`` to choose another file).
 
 from __future__ import annotations
 
-import argparse
 import gc
 import pickle
 
 from batches import nbytes, ppo_batch, seed_batch
-from harness import RESULTS, OursIpc, OursPickled, command, interleaved, pair, ratio, save
+from harness import OursIpc, OursPickled, arguments, command, interleaved, pair, ratio, save
 from rivals import all_rivals
 
 import arrow_dataproto as adp
@@ -87,11 +86,7 @@ def table(rows, command_line: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small batches, one repeat")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", help="where to write the table (default: results/codec.md on a full run)")
-    args = parser.parse_args()
+    args = arguments(__doc__, "codec.md", repeats=5, quick="small batches")
     if args.quick:
         cases = [
             ("seed 64x20480 int64", lambda: (seed_batch(64, 20480), {}, {})),
@@ -105,7 +100,7 @@ def main() -> None:
         ]
         repeats = args.repeats
     rows = run(cases, repeats)
-    save(table(rows, command("bench_codec.py")), args.out or (None if args.quick else RESULTS / "codec.md"))
+    save(table(rows, command("bench_codec.py")), args.out)
 
 
 if __name__ == "__main__":

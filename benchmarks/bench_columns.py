@@ -13,7 +13,6 @@ case next to the ratio of the column counts (linear: the two ratios match).
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import tempfile
@@ -22,7 +21,7 @@ from pathlib import Path
 import torch
 from tensordict import TensorDict
 
-from harness import RESULTS, command, interleaved, pair, save
+from harness import arguments, command, interleaved, pair, save
 
 from arrow_dataproto import DataProto, to_arrow
 from arrow_dataproto.files import FileWriter, schema_difference
@@ -75,11 +74,7 @@ def report(cmd: str, results: dict[int, dict]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer columns, one repeat, print only")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", help="results file (default: benchmarks/results/columns.md unless --quick)")
-    args = parser.parse_args()
+    args = arguments(__doc__, "columns.md", repeats=3, quick="fewer columns")
     counts = [250, 1000] if args.quick else [1500, 6000, 24000]
     repeats = 1 if args.quick else args.repeats
     folder = Path(tempfile.mkdtemp(prefix="bench_columns_", dir="/tmp"))
@@ -87,7 +82,7 @@ def main() -> None:
         results = {n: measure(n, folder, repeats) for n in counts}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    save(report(command("bench_columns.py"), results), args.out or (None if args.quick else RESULTS / "columns.md"))
+    save(report(command("bench_columns.py"), results), args.out)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ the disk, and writes are not fsynced (for any path); each timed write creates a 
 
 from __future__ import annotations
 
-import argparse
 import gc
 import os
 import shutil
@@ -37,7 +36,7 @@ import torch
 from tensordict import TensorDict
 
 from batches import nbytes, ppo_batch, seed_batch
-from harness import RESULTS, command, interleaved, save
+from harness import arguments, command, interleaved, save
 from harness import pair as _pair
 
 from arrow_dataproto import DataProto
@@ -255,11 +254,7 @@ def report(command: str, main_rows, comp_rows, column_rows, cow_rows) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small batches, one repeat, print only")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", help="results file (default: benchmarks/results/files.md unless --quick)")
-    args = parser.parse_args()
+    args = arguments(__doc__, "files.md", repeats=5, quick="small batches")
     if args.quick:
         cases = [("seed 64x20480 int64", lambda: DataProto(seed_batch(64, 20480))),
                  ("PPO 64x(256+256)", lambda: DataProto(*ppo_batch(64, 256, 256)))]
@@ -285,7 +280,7 @@ def main() -> None:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     text = report(command("bench_files.py"), main_rows, comp_rows, column_rows, cow_rows)
-    save(text, args.out or (None if args.quick else RESULTS / "files.md"))
+    save(text, args.out)
 
 
 if __name__ == "__main__":

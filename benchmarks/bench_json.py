@@ -20,14 +20,13 @@ columns cost before the JSON tier.
 
 from __future__ import annotations
 
-import argparse
 import os
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from harness import RESULTS, Timing, command, interleaved, pair, save
+from harness import Timing, arguments, command, interleaved, pair, save
 
 from arrow_dataproto._objects import Pickle, decode_column, encode_column, same
 from arrow_dataproto.testing.samples import verl_rollout
@@ -105,15 +104,11 @@ def report(cmd: str, by_rows: dict[int, dict]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="256 rows, one repeat, print only")
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--out", help="results file (default: benchmarks/results/json.md unless --quick)")
-    args = parser.parse_args()
+    args = arguments(__doc__, "json.md", repeats=7, quick="256 rows")
     sizes = [256] if args.quick else [2560, 8192]
     repeats = 1 if args.quick else args.repeats
     by_rows = {rows: measure(rows, repeats) for rows in sizes}
-    save(report(command("bench_json.py"), by_rows), args.out or (None if args.quick else RESULTS / "json.md"))
+    save(report(command("bench_json.py"), by_rows), args.out)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ against the portable view (``portable=True``):
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import tempfile
@@ -26,7 +25,7 @@ from pathlib import Path
 import torch
 
 from batches import ppo_batch
-from harness import RESULTS, command, interleaved, pair, ratio, save
+from harness import arguments, command, interleaved, pair, ratio, save
 
 from arrow_dataproto import DataProto, from_arrow, to_arrow
 from arrow_dataproto.files import read_file, write_file
@@ -79,18 +78,14 @@ def report(cmd: str, dp: DataProto, rows) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a small batch, one repeat, print only")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", help="results file (default: benchmarks/results/portable.md unless --quick)")
-    args = parser.parse_args()
+    args = arguments(__doc__, "portable.md", repeats=5, quick="a small batch")
     dp = rollout(64, 128, 128) if args.quick else rollout(2560, 1024, 1024)
     folder = Path(tempfile.mkdtemp(prefix="bench_portable_", dir="/tmp"))
     try:
         rows = measure(dp, folder, 1 if args.quick else args.repeats)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    save(report(command("bench_portable.py"), dp, rows), args.out or (None if args.quick else RESULTS / "portable.md"))
+    save(report(command("bench_portable.py"), dp, rows), args.out)
 
 
 if __name__ == "__main__":

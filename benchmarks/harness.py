@@ -15,6 +15,7 @@ import this module as ``harness`` (their own folder is on ``sys.path``).
 
 from __future__ import annotations
 
+import argparse
 import gc
 import statistics
 import sys
@@ -66,6 +67,19 @@ def ratio(timing: Timing, baseline: Timing, digits: int = 1) -> str:
 def command(script: str) -> str:
     """The command line that ran this benchmark, for its report."""
     return "python " + " ".join([f"benchmarks/{script}", *sys.argv[1:]])
+
+
+def arguments(doc: str, results: str, *, repeats: int, quick: str) -> argparse.Namespace:
+    """The options every benchmark script takes: ``--quick`` (``quick`` says what it runs;
+    one repeat, printed, not saved), ``--repeats`` (default ``repeats``) and ``--out``
+    (resolved: ``benchmarks/results/<results>`` unless given or ``--quick``, then None)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=f"{quick}, one repeat, print only")
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--out", help=f"results file (default: benchmarks/results/{results} unless --quick)")
+    args = parser.parse_args()
+    args.out = args.out or (None if args.quick else RESULTS / results)
+    return args
 
 
 def save(text: str, out: str | Path | None) -> None:
