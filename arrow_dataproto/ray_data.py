@@ -3,7 +3,8 @@
 :func:`read_files` turns Arrow files of DataProto batches (written by
 :func:`arrow_dataproto.files.write_file` or :class:`~arrow_dataproto.files.FileWriter`)
 into a ``ray.data.Dataset`` with **one block per record batch**. The driver reads
-only the files' footers (how many batches, how many rows each); every batch is
+only what counts the batches and their rows (footers and batch headers, see
+:class:`DataProtoDatasource`), never the values; every batch is
 read by a Ray task, in parallel, on whichever node Ray picks, and only the columns
 asked for: ``columns=`` here, or a later ``Dataset.select_columns`` pushed down
 into the read.
@@ -57,8 +58,10 @@ __all__ = ["read_files", "to_dataproto", "from_dataproto", "DataProtoDatasource"
 class DataProtoDatasource(Datasource):
     """The ``ray.data`` datasource behind :func:`read_files`: one read task per record batch.
 
-    Holds only paths, batch indices and row counts (read from the footers when it is
-    made), so shipping it to the read tasks costs nothing.
+    Holds only paths, batch indices and row counts (read when it is made: from the footers
+    and batch headers, plus one narrow column per batch of a compressed file of several
+    batches, as :attr:`~arrow_dataproto.files.FileReader.batch_rows` counts them), so
+    shipping it to the read tasks costs nothing.
     """
 
     def __init__(
@@ -74,11 +77,10 @@ class DataProtoDatasource(Datasource):
             self._columns = list(dataset.columns)
             # checks the names now (ColumnNotFoundError); a nested TensorDict's name selects its leaves
             self._selected = None if columns is None else resolve_columns(self._columns, columns, str(dataset))
-            self._batches = [
-                (str(file.path), i, rows, os.path.getsize(file.path) * rows // max(file.num_rows, 1))
-                for file in dataset.files
-                for i, rows in enumerate(file.batch_rows)
-            ]
+            self._batches = []  # (path, batch index, rows, estimated bytes: the file's size pro rata)
+            for file in dataset.files:
+                size, total = os.path.getsize(file.path), max(file.num_rows, 1)
+                self._batches += [(str(file.path), i, rows, size * rows // total) for i, rows in enumerate(file.batch_rows)]
         self._projection_map = None
         self._max_decoded_bytes, self._verify = max_decoded_bytes, verify
 
@@ -98,7 +100,8 @@ class DataProtoDatasource(Datasource):
             return self._selected
         if self._selected is None:
             return projected
-        return [name for name in self._selected if name in set(projected)]
+        keep = set(projected)
+        return [name for name in self._selected if name in keep]
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None) -> list[ReadTask]:
         columns, max_decoded_bytes, verify = self._read_columns(), self._max_decoded_bytes, self._verify
