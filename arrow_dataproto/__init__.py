@@ -8,6 +8,7 @@ Public API::
     ReceiveOptions, receive_options, ...       what an unpickled DataProto copies and where it goes
     receive_mode                               the receive mode in force here (copy-on-write by default), and why
     DataProtoError and its subclasses          every error the library raises
+    StoredFormWarning                          another tool's table looks like our stored forms (pass schema=)
 
 Namespaces::
 
@@ -50,6 +51,7 @@ _LAZY = {
     "_codec": ("to_arrow", "to_ipc"),
     "_decoding": ("from_arrow", "from_ipc"),
     "_format": ("FORMAT_VERSION",),
+    "_restore": ("StoredFormWarning",),
     "_container": ("DataProto", "DataProtoConfig", "DataProtoItem"),
     "pickling": (
         "ReceiveMode", "ReceiveOptions", "get_receive_options", "receive_mode", "receive_options", "set_receive_options"
@@ -63,6 +65,7 @@ if TYPE_CHECKING:
     from ._container import DataProto, DataProtoConfig, DataProtoItem
     from ._decoding import from_arrow, from_ipc
     from ._format import FORMAT_VERSION
+    from ._restore import StoredFormWarning
     from .pickling import (
         ReceiveMode,
         ReceiveOptions,
@@ -114,4 +117,5 @@ __all__ = [
     "PickleNotAllowedError",
     "RowIndexError",
     "SchemaMismatchError",
+    "StoredFormWarning",
 ]

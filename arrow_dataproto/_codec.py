@@ -27,7 +27,7 @@ import pyarrow as pa
 import torch
 from tensordict import TensorDict, is_non_tensor, is_tensor_collection
 
-from . import _foreign, _jagged, _limits, _objects, _portable
+from . import _foreign, _jagged, _limits, _objects, _portable, _restore
 from ._format import (
     COMPRESSIONS,
     FORMAT,
@@ -344,9 +344,15 @@ def decode(
     device: str | torch.device | None = None,
     copy: bool = False,
     allow_pickle: bool = False,
+    schema: pa.Schema | None = None,
 ) -> Parts:
     """The three parts of a DataProto from a RecordBatch made by :func:`to_arrow`, or of any
     other tool (:mod:`arrow_dataproto._foreign`: its schema metadata has no ``adp.*`` key).
+
+    ``schema``: the original schema of ours (:func:`arrow_dataproto._restore.original_schema`)
+    another tool's batch came from: its columns are read back as stored
+    (:func:`arrow_dataproto._restore.restore`). Without it, another tool's columns that
+    look like our stored forms raise one :class:`~arrow_dataproto._restore.StoredFormWarning`.
 
     ``columns``: decode only these (exact column names, see
     :func:`~arrow_dataproto._format.resolve_columns`; the batch may already hold only them); ``rows``: only rows ``start:stop`` (a zero-copy slice);
@@ -363,7 +369,14 @@ def decode(
         check_field_names(record_batch.schema)
         record_batch = _narrowed(record_batch, columns, rows)
         validate_arrow(record_batch)
-        record_batch = _foreign.adopt(record_batch)
+        if schema is not None:  # the way back: our metadata from the original schema
+            record_batch = _restore.restore(record_batch, schema)
+            foreign = False
+        else:
+            suspects = _restore.suspects(record_batch)
+            if suspects:
+                warnings.warn(_restore.suspects_message(suspects), _restore.StoredFormWarning, stacklevel=4)
+            record_batch = _foreign.adopt(record_batch)
         columns = rows = None
     metadata = check_schema(record_batch.schema)
     tree = Node.parse(metadata)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Iterable
 
 import pyarrow as pa
 import torch
 
-from . import _foreign
+from . import _foreign, _restore
 from ._codec import as_record_batch, decode, read_stream
 from ._container import DataProto
 from ._format import resolve_columns
@@ -20,6 +21,7 @@ def from_arrow(
     device: str | torch.device | None = None,
     copy: bool = False,
     allow_pickle: bool = False,
+    schema: pa.Schema | str | os.PathLike | None = None,
 ) -> DataProto:
     """Rebuild a :class:`~arrow_dataproto.DataProto` from a RecordBatch made by :func:`to_arrow`,
     or from any Arrow table.
@@ -43,6 +45,17 @@ def from_arrow(
     other lists) goes to ``non_tensor_batch`` as object arrays (timestamps, dates and
     durations as ``datetime64``/``timedelta64``), in table order; ``meta_info`` is ``{}``.
     Nulls in a column that would be a tensor raise :class:`DecodeError` naming the column.
+    Columns that look like our stored forms (uint16 bits of a bf16, bool bytes, JSON text,
+    flattened tensor rows) are read as they are with one ``StoredFormWarning`` naming them.
+
+    ``schema``: the way back for a table another tool derived from one of our files (rows
+    filtered, sorted, sampled or limited, columns selected or reordered, re-chunked), when
+    the tool dropped our metadata: the original file's path, or its ``pa.Schema``
+    (``open_file(path).schema``, ``to_arrow(dp).schema``, stored or portable). Every stored
+    dtype, row shape, nested layout, TensorDict tree, JSON column and ``meta_info`` comes
+    back (``docs/format.md``, "The way back from other tools"); a column whose values no
+    longer fit its stored type is a :class:`DecodeError` naming it, a column the schema
+    lacks a :class:`SchemaMismatchError`. Ignored for a table that kept our metadata.
 
     Zero-copy by default: CPU tensors (and numeric numpy columns) view the
     RecordBatch's buffers, so they are only as writable as that memory, and
@@ -62,8 +75,11 @@ def from_arrow(
     record_batch = as_record_batch(record_batch)
     if columns is not None:
         columns = resolve_columns(record_batch.schema.names, columns, "the batch")
+    original = None
+    if schema is not None and _foreign.is_foreign(record_batch.schema):
+        original = _restore.original_schema(schema, allow_pickle=allow_pickle)
     batch, non_tensor_batch, meta_info = decode(
-        record_batch, columns=columns, device=device, copy=copy, allow_pickle=allow_pickle
+        record_batch, columns=columns, device=device, copy=copy, allow_pickle=allow_pickle, schema=original
     )
     return DataProto(batch=batch, non_tensor_batch=non_tensor_batch, meta_info=meta_info)
 
@@ -76,6 +92,7 @@ def from_ipc(
     copy: bool = False,
     allow_pickle: bool = False,
     max_decoded_bytes: int | str | None = "auto",
+    schema: pa.Schema | str | os.PathLike | None = None,
 ) -> DataProto:
     """Decode an Arrow IPC stream written by :func:`to_ipc`, or by any other tool (read as
     :func:`from_arrow` says), from a ``pa.Buffer``, bytes-like, or memoryview.
@@ -91,9 +108,14 @@ def from_ipc(
     ``max_decoded_bytes`` (default ``"auto"``: 64 MiB or 256 times the stream's size,
     whichever is larger; an int: that many bytes; ``None``: no limit), checked from the
     message headers before anything is decompressed (:class:`DecodeError` beyond it).
+    ``schema``: the original schema of another tool's stream, as in :func:`from_arrow`.
     """
     batches = read_stream(buffer, max_decoded_bytes)
     if len(batches) > 1 and _foreign.is_foreign(batches[0].schema):  # one rule over all the rows
-        return from_arrow(pa.Table.from_batches(batches), columns=columns, device=device, copy=copy)
-    parts = [from_arrow(b, columns=columns, device=device, copy=copy, allow_pickle=allow_pickle) for b in batches]
+        return from_arrow(
+            pa.Table.from_batches(batches), columns=columns, device=device, copy=copy, allow_pickle=allow_pickle, schema=schema
+        )
+    parts = [
+        from_arrow(b, columns=columns, device=device, copy=copy, allow_pickle=allow_pickle, schema=schema) for b in batches
+    ]
     return parts[0] if len(parts) == 1 else DataProto.concat(parts, meta_info="update")

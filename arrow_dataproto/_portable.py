@@ -349,6 +349,15 @@ def _layout(field: pa.Field) -> _Layout | None:
     return None if layout is None or len(layout.dims) > MAX_NESTING else layout
 
 
+def forms(field: pa.Field) -> list[pa.DataType]:
+    """The Arrow types a column of ours may have in a file: ``field``'s own type, then its
+    stored type and its portable types (none other for a column the portable view leaves
+    alone). What :mod:`arrow_dataproto._restore` matches another tool's columns against."""
+    layout = _layout(field)
+    candidates = [field.type] if layout is None else [field.type, layout.stored_type(), *layout.portable_types()]
+    return list(dict.fromkeys(candidates))
+
+
 # ---------------------------------------------------------------- conversions
 
 

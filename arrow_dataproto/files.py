@@ -73,7 +73,7 @@ import pyarrow as pa
 import torch
 from tensordict import is_tensor_collection
 
-from . import _checksum, _foreign, _limits, _portable
+from . import _checksum, _foreign, _limits, _portable, _restore
 from ._codec import as_record_batch, decode, to_arrow, validate_arrow
 from .errors import (
     DataProtoError,
@@ -648,8 +648,10 @@ class _Reader:
 
     schema: pa.Schema
 
-    def __init__(self, *, allow_pickle: bool, device: str | torch.device | None, copy: bool, progress: bool):
+    def __init__(self, *, allow_pickle: bool, device: str | torch.device | None, copy: bool, progress: bool,
+                 schema: Any = None):
         self.allow_pickle = allow_pickle
+        self.original_schema = None if schema is None else _restore.original_schema(schema, allow_pickle=allow_pickle)
         self.device = device
         self.copy = copy
         self.progress = progress
@@ -772,7 +774,7 @@ class _Reader:
         def decoded() -> DataProto:
             parts = decode(
                 batch, columns=keep, rows=rows, meta_info=meta_info,
-                device=self.device, copy=self.copy, allow_pickle=self.allow_pickle,
+                device=self.device, copy=self.copy, allow_pickle=self.allow_pickle, schema=self.original_schema,
             )
             return DataProto(batch=parts.batch, non_tensor_batch=parts.non_tensor_batch, meta_info=parts.meta_info)
 
@@ -1031,8 +1033,9 @@ class FileReader(_Reader):
         progress: bool = False,
         max_decoded_bytes: _limits.MaxDecoded = "auto",
         verify: bool = False,
+        schema: Any = None,
     ):
-        super().__init__(allow_pickle=allow_pickle, device=device, copy=copy, progress=progress)
+        super().__init__(allow_pickle=allow_pickle, device=device, copy=copy, progress=progress, schema=schema)
         self.path = Path(path)
         self.verify_checksums = verify
         self._fd: int | None = open_regular(self.path)
@@ -1180,6 +1183,7 @@ def open_file(
     progress: bool = False,
     max_decoded_bytes: int | str | None = "auto",
     verify: bool = False,
+    schema: pa.Schema | str | os.PathLike | None = None,
 ) -> FileReader:
     """Open an Arrow IPC file written by :func:`write_file` / :class:`FileWriter`, or any
     other Arrow IPC file or IPC stream file (see the module docstring; another tool's
@@ -1207,13 +1211,17 @@ def open_file(
     (``FileWriter(checksums=True)``; :class:`DecodeError` on a mismatch or a batch without
     them); opening stays O(1) either way.
 
+    ``schema``: for a file another tool wrote from one of ours (polars ``write_ipc`` of a
+    filtered frame, say), the original file's path or ``pa.Schema``: its columns read back
+    as stored, as :func:`~arrow_dataproto.from_arrow` says.
+
     Raises ``FileNotFoundError``/``OSError`` as ``open`` does, :class:`DecodeError` for
     a file that is not Arrow (or whose schema names another format), truncated or corrupt, and
     :class:`FormatVersionError` for an incompatible format version.
     """
     return FileReader(
         path, allow_pickle=allow_pickle, device=device, copy=copy, progress=progress,
-        max_decoded_bytes=max_decoded_bytes, verify=verify,
+        max_decoded_bytes=max_decoded_bytes, verify=verify, schema=schema,
     )
 
 
@@ -1244,8 +1252,9 @@ class DatasetReader(_Reader):
         progress: bool = False,
         max_decoded_bytes: int | str | None = "auto",
         verify: bool = False,
+        schema: Any = None,
     ):
-        super().__init__(allow_pickle=allow_pickle, device=device, copy=copy, progress=progress)
+        super().__init__(allow_pickle=allow_pickle, device=device, copy=copy, progress=progress, schema=schema)
         if not paths:
             raise FileNotFoundError("a dataset needs at least one file")
         self.files: list[FileReader] = []
