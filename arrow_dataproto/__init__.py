@@ -14,6 +14,7 @@ Namespaces::
 
     arrow_dataproto.files                      Arrow IPC files of batches (write, read, recover)
     arrow_dataproto.pandas                     DataFrames (needs pandas)
+    arrow_dataproto.polars                     polars DataFrames (needs polars)
     arrow_dataproto.transport                  Ray helpers (needs Ray)
     arrow_dataproto.ray_data                   Ray Data: read files in parallel; batches <-> DataProto
     arrow_dataproto.integrations.verl          make verl's own DataProto pickle through Arrow
@@ -58,7 +59,7 @@ _LAZY = {
     ),
 }
 _MODULE_OF = {name: module for module, names in _LAZY.items() for name in names}
-_NAMESPACES = ("files", "pandas", "transport", "ray_data", "testing", "integrations", "verl_api", "pickling")
+_NAMESPACES = ("files", "pandas", "polars", "transport", "ray_data", "testing", "integrations", "verl_api", "pickling")
 
 if TYPE_CHECKING:
     from ._codec import to_arrow, to_ipc
