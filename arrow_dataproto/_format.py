@@ -21,14 +21,15 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Union
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Union
 
 import numpy as np
 import pyarrow as pa
-import torch
 
-from ._dtypes import dtype_from_name, dtype_name
 from .errors import ColumnNotFoundError, DecodeError, EncodeError, FormatVersionError, column_error
+
+if TYPE_CHECKING:
+    import torch
 
 FORMAT_NAME = "arrow-dataproto"
 FORMAT_VERSION = (1, 2)
@@ -337,6 +338,8 @@ class TensorSpec:
     offsets_of: str | None = None
 
     def metadata(self) -> dict[str, str]:
+        from ._dtypes import dtype_name  # torch: this module itself imports without it (the CLI reads metadata)
+
         meta = {DTYPE: dtype_name(self.dtype), DEVICE: str(self.device), KIND: self.kind, SHAPE: json.dumps(list(self.shape))}
         if self.ragged_idx is not None:
             meta[RAGGED_IDX] = str(self.ragged_idx)
@@ -347,6 +350,8 @@ class TensorSpec:
     @classmethod
     def parse(cls, name: str, meta: Mapping[str, str]) -> "TensorSpec":
         """Read and check a tensor column's field metadata; :class:`DecodeError` naming the column."""
+        from ._dtypes import dtype_from_name
+
         try:
             kind = meta[KIND]
             dtype = dtype_from_name(meta[DTYPE], name)

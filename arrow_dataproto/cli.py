@@ -143,38 +143,87 @@ def _meta_info_of(metadata: dict[str, str]) -> tuple[str | None, dict | None]:
 def describe(path: str | os.PathLike, *, stats: bool = False) -> dict:
     """What ``inspect`` shows, as a JSON-compatible dict; nothing is unpickled.
 
-    Sizes, row counts, row lengths and ``meta_info`` come from the file's IPC metadata
-    (:func:`arrow_dataproto.files.read_layout`): nothing is decompressed but the offsets
-    of list-like columns. ``stats=True`` adds each numeric column's min / mean / max and
-    NaN count, which decodes every numeric column (one batch of one column at a time).
+    Sizes, row counts, row lengths and ``meta_info`` come from the IPC metadata of the file
+    or stream file (:func:`arrow_dataproto.files.read_layout`): nothing is decompressed but
+    the offsets of list-like columns, and neither torch nor tensordict is imported. Another
+    tool's file with column types the metadata cannot size (view types) is sized by reading
+    its batches. ``stats=True`` adds each numeric column's min / mean / max and NaN count,
+    which decodes every numeric column (one batch of one column at a time, with torch).
     """
     from ._format import VERSION, check_schema
-    from .files import BatchLayout, layout_readable, open_file, read_layout
+    from ._layout import ColumnInfo, read_file_layout
+
+    try:
+        file_layout = read_file_layout(path)
+    except DecodeError:  # view types, or a damaged file: the reader says which
+        return _describe_by_reading(path, stats)
+    schema, layout = file_layout.schema, file_layout.batches
+    foreign = not any(key.startswith(b"adp.") for key in (schema.metadata or {}))
+    raw = {name: sum(b.raw_bytes[name] for b in layout) for name in schema.names}
+    stored = {name: sum(b.stored_bytes[name] for b in layout) for name in schema.names}
+    codecs = [b.compression for b in layout if b.compression is not None]
+    compression = file_layout.footer.get("adp.compression") or (codecs[0] if codecs else "none")
+    infos = [ColumnInfo.from_field(field) for field in schema]
+    info = {
+        "path": str(path),
+        "file_bytes": os.path.getsize(path),
+        "format_version": None if foreign else check_schema(schema)[VERSION],
+        "compression": compression,
+        "rows": sum(b.rows for b in layout),
+        "batches": len(layout),
+        "batch_rows": [b.rows for b in layout],
+    }
+    columns = _columns(infos, raw, stored, layout)
+    if stats:
+        from .files import open_file
+
+        with open_file(path) as reader:
+            for column, c in zip(columns, infos):
+                column["stats"] = _value_stats(reader, c)
+    return _with_meta_info(info, layout, columns)
+
+
+def _columns(infos: list[ColumnInfo], raw: dict, stored: dict, layout: list) -> list[dict]:
+    return [
+        {
+            "name": c.name,
+            "kind": c.kind,
+            "dtype": c.dtype,
+            "shape": c.shape,
+            "device": c.device,
+            "bytes": raw[c.name],
+            "stored_bytes": stored[c.name],
+            "row_lengths": _lengths_summary([b.row_lengths[c.name] for b in layout if c.name in b.row_lengths]),
+        }
+        for c in infos
+    ]
+
+
+def _with_meta_info(info: dict, layout: list, columns: list[dict]) -> dict:
+    encodings, per_batch = zip(*[_meta_info_of(b.metadata) for b in layout]) if layout else ((), ())
+    info["meta_info"] = {
+        "encoding": encodings[0] if encodings else None,
+        "keys": list(per_batch[0]) if per_batch and per_batch[0] is not None else None,
+        "batches": list(per_batch),
+    }
+    info["columns"] = columns
+    return info
+
+
+def _describe_by_reading(path: str | os.PathLike, stats: bool) -> dict:
+    """:func:`describe` of a file whose metadata cannot size every column: another tool's view
+    types (``string_view``, ``list_view``), sized by reading each batch."""
+    from ._format import VERSION, check_schema
+    from .files import BatchLayout, open_file
 
     with open_file(path) as reader:
-        if not reader.stream and (not reader.foreign or all(layout_readable(field.type) for field in reader.schema)):
-            layout = read_layout(path)
-            raw = {name: sum(b.raw_bytes[name] for b in layout) for name in reader.columns}
-            stored = {name: sum(b.stored_bytes[name] for b in layout) for name in reader.columns}
-        else:  # a stream (no footer) or another tool's view types: sized by reading the batches
-            layout = [BatchLayout(rows, reader.compression, {}, {}, {}, {}) for rows in reader.batch_rows]
-            raw = stored = reader.column_nbytes()
+        layout = [BatchLayout(rows, reader.compression, {}, {}, {}, {}) for rows in reader.batch_rows]
+        raw = stored = reader.column_nbytes()
         infos = reader.column_info()
-        columns = []
-        for c in infos:
-            column = {
-                "name": c.name,
-                "kind": c.kind,
-                "dtype": c.dtype,
-                "shape": c.shape,
-                "device": c.device,
-                "bytes": raw[c.name],
-                "stored_bytes": stored[c.name],
-                "row_lengths": _lengths_summary([b.row_lengths[c.name] for b in layout if c.name in b.row_lengths]),
-            }
-            if stats:
+        columns = _columns(infos, raw, stored, layout)
+        if stats:
+            for column, c in zip(columns, infos):
                 column["stats"] = _value_stats(reader, c)
-            columns.append(column)
         info = {
             "path": str(path),
             "file_bytes": reader.file_size,
@@ -184,14 +233,7 @@ def describe(path: str | os.PathLike, *, stats: bool = False) -> dict:
             "batches": len(layout),
             "batch_rows": [b.rows for b in layout],
         }
-    encodings, per_batch = zip(*[_meta_info_of(b.metadata) for b in layout]) if layout else ((), ())
-    info["meta_info"] = {
-        "encoding": encodings[0] if encodings else None,
-        "keys": list(per_batch[0]) if per_batch and per_batch[0] is not None else None,
-        "batches": list(per_batch),
-    }
-    info["columns"] = columns
-    return info
+    return _with_meta_info(info, layout, columns)
 
 
 def _brief(value: Any, width: int = 24) -> str:

@@ -1,0 +1,68 @@
+"""The command line's light commands import neither torch nor tensordict: ``inspect`` (IPC
+files and stream files, plain and compressed) reads the IPC metadata with pyarrow alone, and
+``--help`` of every command answers from argparse. Each runs in a fresh interpreter."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from arrow_dataproto import files
+from arrow_dataproto.testing import sample_dataproto
+
+CHECK = """
+import contextlib, io, json, sys
+from arrow_dataproto.cli import main
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    try:
+        status = main(sys.argv[1:])
+    except SystemExit as e:  # --help
+        status = e.code
+heavy = sorted(m for m in ("torch", "tensordict") if m in sys.modules)
+print(json.dumps({"status": status, "heavy": heavy, "out": out.getvalue()}))
+"""
+
+
+def _run(*argv: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", CHECK, *argv], capture_output=True, text=True, timeout=300, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("cli")
+    dp = sample_dataproto(rows=4)
+    out = {}
+    for name, options in {"plain.arrow": {}, "zstd.arrow": {"compression": "zstd"},
+                          "plain.arrows": {"stream": True}, "lz4.arrows": {"stream": True, "compression": "lz4"}}.items():
+        out[name] = folder / name
+        files.write_file(out[name], [dp, dp], **options)
+    return out
+
+
+@pytest.mark.parametrize("name", ["plain.arrow", "zstd.arrow", "plain.arrows", "lz4.arrows"])
+def test_inspect_imports_no_torch(written, name):
+    result = _run("inspect", str(written[name]), "--json")
+    assert result["status"] == 0
+    assert result["heavy"] == []
+    info = json.loads(result["out"])
+    assert info["rows"] == 8 and info["batches"] == 2
+    assert info["meta_info"]["batches"][0] == sample_dataproto(rows=4).meta_info  # streams too
+    assert sum(c["bytes"] for c in info["columns"]) > 0
+    if "zstd" in name or "lz4" in name:
+        assert any(c["stored_bytes"] != c["bytes"] for c in info["columns"])  # stored vs raw, streams too
+    jagged = [c for c in info["columns"] if c["kind"] == "jagged"]
+    assert jagged and all(c["row_lengths"] is not None for c in jagged)
+
+
+@pytest.mark.parametrize("command", ["inspect", "head", "convert", "verify", "recover", "bench"])
+def test_help_imports_no_torch(command):
+    result = _run(command, "--help")
+    assert result["status"] == 0
+    assert result["heavy"] == []
+    assert "usage" in result["out"]
