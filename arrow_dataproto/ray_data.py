@@ -80,7 +80,8 @@ class DataProtoDatasource(Datasource):
             self._batches = []  # (path, batch index, rows, estimated bytes: the file's size pro rata)
             for file in dataset.files:
                 size, total = os.path.getsize(file.path), max(file.num_rows, 1)
-                self._batches += [(str(file.path), i, rows, size * rows // total) for i, rows in enumerate(file.batch_rows)]
+                path = os.path.abspath(file.path)  # read tasks run in the workers' working directory, not ours
+                self._batches += [(path, i, rows, size * rows // total) for i, rows in enumerate(file.batch_rows)]
         self._projection_map = None
         self._max_decoded_bytes, self._verify = max_decoded_bytes, verify
 
