@@ -23,7 +23,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from . import _checksum, _limits
 from ._format import (
+    CHECKSUMS,
     DEVICE,
     DTYPE,
     KEY_PREFIX,
@@ -279,6 +281,56 @@ def _read_file_layout(path: str | os.PathLike, data: mmap.mmap, row_lengths: boo
         metadata = fb_key_values(message, 4) or schema_metadata  # as FileReader reads it
         layouts.append(BatchLayout(rows, codec, metadata, stored, raw, lengths))
     return FileLayout(schema, footer_metadata, stream, layouts)
+
+
+def verify_checksums(path: str | os.PathLike, *, max_decoded_bytes: _limits.MaxDecoded = "auto") -> tuple[int, int]:
+    """Check every buffer of every batch of an IPC file or stream file against the checksums
+    it was written with (``FileWriter(checksums=True)``), with pyarrow alone; returns
+    ``(batches, buffers checked)``, as ``FileReader.verify`` does.
+
+    Each batch may decode to at most ``max_decoded_bytes`` (checked from its header before
+    anything is decompressed) and passes Arrow's full validation before its buffers are
+    hashed. :class:`DecodeError` names the batch, column and buffer that differ, or a batch
+    written without checksums.
+    """
+    with os.fdopen(open_regular(path), "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            raise DecodeError(f"{path}: empty file")
+        data = pa.py_buffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+    schema = read_file_layout(path, row_lengths=False).schema  # the structure, checked
+    if any(pa.types.is_dictionary(field.type) for field in schema):
+        raise DecodeError(f"{path}: dictionary-encoded columns, not a file of ours with checksums")
+    try:
+        if data.slice(0, len(CONTINUATION)).to_pybytes() == CONTINUATION:
+            blocks = scan_stream(data, str(path)).blocks
+        else:
+            blocks = _limits.file_blocks(data)
+    except (pa.ArrowException, OSError, ValueError, EOFError) as e:
+        if isinstance(e, DecodeError):
+            raise
+        raise DecodeError(f"{path}: corrupt Arrow file: {e}") from e
+    allowed = _limits.limit(max_decoded_bytes, data.size)
+    schema_metadata = text_metadata(schema.metadata)
+    checked = 0
+    for i, block in enumerate(blocks):
+        where = f"{path}: batch {i}"
+        try:
+            _limits.check(_limits.block_decoded_bytes(data, block), allowed, where)
+            offset, meta_length, body_length = block
+            message = pa.ipc.read_message(data.slice(offset, meta_length + body_length))
+            batch = pa.ipc.read_record_batch(message, schema)
+            batch.validate(full=True)
+        except (pa.ArrowException, OSError, ValueError, EOFError) as e:
+            if isinstance(e, DecodeError):
+                raise
+            raise DecodeError(f"{where} is corrupt: {e}") from e
+        table, _ = message_header(memoryview(message.metadata))
+        metadata = fb_key_values(table, 4) or schema_metadata  # as FileReader reads it
+        recorded = metadata.get(CHECKSUMS)
+        if recorded is None:
+            raise DecodeError(f"{where} has no checksums (written without checksums=True)")
+        checked += _checksum.verify(batch, recorded, where)
+    return len(blocks), checked
 
 
 def layout_readable(t: pa.DataType) -> bool:

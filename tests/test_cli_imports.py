@@ -1,6 +1,6 @@
-"""The command line's light commands import neither torch nor tensordict: ``inspect`` (IPC
-files and stream files, plain and compressed) reads the IPC metadata with pyarrow alone, and
-``--help`` of every command answers from argparse. Each runs in a fresh interpreter."""
+"""The command line's light commands import neither torch nor tensordict: ``inspect`` and
+``verify`` of IPC files and stream files (plain and compressed) read them with pyarrow alone,
+and ``--help`` of every command answers from argparse. Each runs in a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -66,3 +66,16 @@ def test_help_imports_no_torch(command):
     assert result["status"] == 0
     assert result["heavy"] == []
     assert "usage" in result["out"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_verify_imports_no_torch(tmp_path, stream):
+    pytest.importorskip("xxhash", reason="xxhash is not installed (pip install arrow-dataproto[integrity])")
+    path = tmp_path / ("x.arrows" if stream else "x.arrow")
+    dp = sample_dataproto(rows=4)
+    files.write_file(path, [dp, dp], checksums=True, stream=stream, compression="zstd")
+    result = _run("verify", str(path))
+    assert result["status"] == 0 and result["heavy"] == []
+    assert "2 batches" in result["out"] and "match their checksums" in result["out"]
+    files.write_file(path, dp)  # no checksums
+    assert _run("verify", str(path))["status"] == 1
