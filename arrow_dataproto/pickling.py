@@ -262,7 +262,7 @@ def _as_tensor(buffer: pa.Buffer):
         return buffer
     with warnings.catch_warnings():  # a read-only buffer: the transport only reads it
         warnings.simplefilter("ignore", UserWarning)
-        return torch.frombuffer(buffer, dtype=torch.uint8)
+        return torch.from_numpy(np.frombuffer(buffer, dtype=np.uint8))
 
 
 def _as_buffer(buffer):
