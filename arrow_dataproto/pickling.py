@@ -29,7 +29,7 @@ import os
 import sys
 import warnings
 from dataclasses import dataclass
-from typing import Final, Literal, NamedTuple, Union
+from typing import Any, Final, Literal, NamedTuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -237,7 +237,7 @@ def direct_transport() -> bool:
     ``False`` when Ray is not imported or has no such flag.
     """
     ray = sys.modules.get("ray")
-    worker = getattr(getattr(getattr(ray, "_private", None), "worker", None), "global_worker", None)
+    worker: Any = getattr(getattr(getattr(ray, "_private", None), "worker", None), "global_worker", None)
     try:
         context = worker.get_serialization_context()
     except Exception:  # no Ray, a Ray without this context: not under direct transport
