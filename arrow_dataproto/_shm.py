@@ -326,12 +326,24 @@ class _Twin:
     always lies under a live lease.
     """
 
-    __slots__ = ("region", "address", "leases")
+    __slots__ = ("region", "address", "leases", "filled")
 
     def __init__(self, region: _Region, fd: int):
         self.region = region
         self.address = _map_private(fd, region.offset, region.end - region.start)
         self.leases: dict[int, tuple[int, int]] = {}
+        self.filled = np.zeros(-(-(region.end - region.start) // _PAGE), dtype=bool)  # pages populated once
+
+    def populate(self, lo: int, hi: int) -> None:
+        """Fill the page tables of bytes ``[lo, hi)`` where they were never filled. They
+        stay filled across objects (the store reuses its memory); where the kernel
+        dropped them meanwhile, pages are mapped again as they are read."""
+        first, last = lo // _PAGE, -(-hi // _PAGE)
+        todo = np.flatnonzero(~self.filled[first:last])
+        if todo.size:
+            start, end = first + int(todo[0]), first + int(todo[-1]) + 1
+            _populate(self.address + start * _PAGE, (end - start) * _PAGE)
+            self.filled[start:end] = True
 
     def admit(self, lo: int, hi: int) -> int | None:
         """Register bytes ``[lo, hi)`` as a new lease (under ``_lock``); ``None`` if they
@@ -439,10 +451,8 @@ def _map_group(region: _Region, buffers: list[pa.Buffer], every: set[_Region]) -
     with _lock:
         serial = twin.admit(first - region.start, last - region.start)
     if serial is not None:
-        start = twin.address + (first - region.start)
-        aligned = start - start % _PAGE
-        _populate(aligned, -(-(last - region.start + twin.address - aligned) // _PAGE) * _PAGE)
-        whole = pa.foreign_buffer(start, last - first, base=_Lease(twin, serial, buffers))
+        twin.populate(first - region.start, last - region.start)
+        whole = pa.foreign_buffer(twin.address + (first - region.start), last - first, base=_Lease(twin, serial, buffers))
     else:
         file_start = region.offset + (first - region.start)
         aligned = file_start - file_start % _PAGE
@@ -457,6 +467,30 @@ def _map_group(region: _Region, buffers: list[pa.Buffer], every: set[_Region]) -
     return [whole.slice(b.address - first, b.size) for b in buffers]
 
 
+def _still_mapped(region: _Region) -> bool:
+    """Whether this process still maps ``region``'s file over ``region`` (one ``stat``)."""
+    try:
+        st = os.stat(f"{PROC}/self/map_files/{region.start:x}-{region.end:x}")
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (region.dev, region.ino)
+
+
+def _known_regions(addresses: Sequence[int]) -> tuple[dict[int, _Region], set[_Region]] | None:
+    """:func:`_shared_regions` without reading ``/proc/self/maps``, when every address
+    lies in a store mapping that has a twin and is still mapped (``None`` otherwise)."""
+    with _lock:
+        regions = list(_twins)
+    found: dict[int, _Region] = {}
+    for a in addresses:
+        region = next((r for r in regions if r.start <= a < r.end), None)
+        if region is None:
+            return None
+        found[a] = region
+    every = {r for r in regions if _still_mapped(r)}
+    return (found, every) if set(found.values()) <= every else None
+
+
 def private_views(buffers: Sequence[pa.Buffer]) -> list[pa.Buffer]:
     """``buffers`` again, each either a copy-on-write view (when it lies in Ray's
     object store) or a private copy: never a view that a write could carry to
@@ -469,11 +503,16 @@ def private_views(buffers: Sequence[pa.Buffer]) -> list[pa.Buffer]:
     out: list[pa.Buffer | None] = [b if b.size == 0 else None for b in buffers]
     wanted = [i for i, b in enumerate(buffers) if b.size]
     if wanted and unavailable_reason() is None:
-        try:
-            regions, every = _shared_regions([buffers[i].address for i in wanted])
-        except OSError as e:
-            _give_up(f"{PROC}/self/maps is not readable ({e.strerror or e})")
-            regions, every = {}, set()
+        addresses = [buffers[i].address for i in wanted]
+        known = _known_regions(addresses)
+        if known is not None:
+            regions, every = known
+        else:
+            try:
+                regions, every = _shared_regions(addresses)
+            except OSError as e:
+                _give_up(f"{PROC}/self/maps is not readable ({e.strerror or e})")
+                regions, every = {}, set()
         groups: dict[_Region, list[int]] = {}
         for i in wanted:
             region = regions.get(buffers[i].address)

@@ -35,7 +35,7 @@ import torch
 
 from . import _shm
 from ._codec import record_batch_of
-from .errors import DecodeError, column_error
+from .errors import DecodeError, OptionError, column_error
 
 ON_WRITE: Final = "on_write"
 Copy = Union[bool, Literal["on_write"]]
@@ -70,7 +70,27 @@ class ReceiveOptions:
 
     def __post_init__(self):
         if self.copy not in (True, False, ON_WRITE) or not isinstance(self.copy, (bool, str)):
-            raise ValueError(f"copy must be True, False or {ON_WRITE!r}, got {self.copy!r}")
+            raise OptionError(f"copy must be True, False or {ON_WRITE!r}, got {self.copy!r}")
+        if self.device is not None:
+            _check_device(self.device)
+
+
+def _check_device(device: str) -> None:
+    """:class:`OptionError` unless ``device`` names a device of this process (``cpu``
+    and ``meta`` always do; ``cuda:1`` needs two CUDA devices)."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise OptionError(f"device {device!r} is not a torch device: {e}") from None
+    if parsed.type in ("cpu", "meta"):
+        return
+    backend = getattr(torch, parsed.type, None)
+    available = getattr(backend, "is_available", None)
+    if available is None or not available():
+        raise OptionError(f"device {device!r}: this process has no {parsed.type} device")
+    count = getattr(backend, "device_count", None)
+    if parsed.index is not None and count is not None and parsed.index >= count():
+        raise OptionError(f"device {device!r}: this process has {count()} {parsed.type} device(s)")
 
 
 _COPY_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
@@ -84,7 +104,12 @@ def _from_environment() -> ReceiveOptions:
             "ARROW_DATAPROTO_COPY=%r is not one of on_write, 1, 0: using on_write", word
         )
         copy = ON_WRITE
-    return ReceiveOptions(copy=copy, device=os.environ.get("ARROW_DATAPROTO_DEVICE") or None)
+    device = os.environ.get("ARROW_DATAPROTO_DEVICE") or None
+    try:
+        return ReceiveOptions(copy=copy, device=device)
+    except OptionError as e:
+        logging.getLogger("arrow_dataproto").warning("ARROW_DATAPROTO_DEVICE=%r ignored: %s", device, e)
+        return ReceiveOptions(copy=copy)
 
 
 _process_default = _from_environment()

@@ -55,7 +55,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Sequence, SupportsIndex
 
-from .errors import DataProtoError
+from .errors import DataProtoError, OptionError
 from ._container import DataProto
 from .pickling import Copy, batch_state, rebuild_dataproto, receive_options
 
@@ -201,10 +201,10 @@ def scatter(actors: Sequence[Any], method: str, data: Any, *args: Any, **kwargs:
     pass its reference).
     """
     if not actors:
-        raise ValueError("scatter needs at least one actor")
+        raise OptionError("scatter needs at least one actor")
     pieces = _split(data, len(actors))
     if len(pieces) != len(actors):
-        raise ValueError(f"{type(data).__name__}.chunk({len(actors)}) gave {len(pieces)} pieces, one per actor needed")
+        raise OptionError(f"{type(data).__name__}.chunk({len(actors)}) gave {len(pieces)} pieces, one per actor needed")
     return [getattr(actor, method).remote(piece, *args, **kwargs) for actor, piece in zip(actors, pieces)]
 
 
@@ -219,7 +219,7 @@ def broadcast(actors: Sequence[Any], method: str, data: Any, *args: Any, **kwarg
     them view the same shared memory, so one's in-place write reaches all.
     """
     if not actors:
-        raise ValueError("broadcast needs at least one actor")
+        raise OptionError("broadcast needs at least one actor")
     ref = _ray().put(data)
     return [getattr(actor, method).remote(ref, *args, **kwargs) for actor in actors]
 

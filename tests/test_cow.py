@@ -260,11 +260,42 @@ def test_small_objects_are_copied(ray_session):
 def test_a_device_target_is_a_copy_without_mapping(ray_session, monkeypatch):
     mapped = []
     monkeypatch.setattr(_shm, "_map_group", lambda *a: mapped.append(a))
-    with receive_options(device="cuda:0"):
-        assert receive_mode() == ("copy", "tensors are decoded onto cuda:0: the transfer is the copy")
+    if torch.cuda.is_available():
+        with receive_options(device="cuda:0"):
+            assert receive_mode() == ("copy", "tensors are decoded onto cuda:0: the transfer is the copy")
     got = ray.get(ray.put(transport.receive_as(batch(), device="meta")))  # the one other device here
     assert got.batch["input_ids"].device.type == "meta"
     assert mapped == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_device_this_process_lacks_is_refused_where_it_is_given(ray_session):
+    for give in (
+        lambda: receive_options(device="cuda").__enter__(),
+        lambda: adp.set_receive_options(device="cuda:0"),
+        lambda: transport.get(ray.put(batch()), device="cuda"),
+        lambda: adp.ReceiveOptions(device="no-such-device"),
+    ):
+        with pytest.raises(adp.OptionError, match="device"):
+            give()
+    assert adp.get_receive_options().device is None
+    # a sender without the device may still ask for it: the receiver decides, with the library's error
+    ref = ray.put(transport.receive_as(batch(), device="cuda"))
+    with pytest.raises(adp.OptionError, match="no cuda device"):
+        transport.get(ref)
+
+
+def test_argument_errors_are_the_librarys_and_value_errors():
+    for give in (
+        lambda: adp.set_receive_options(copy="yes"),
+        lambda: receive_options(copy="sometimes").__enter__(),
+        lambda: transport.scatter([], "f", batch(rows=2, cols=2)),
+        lambda: transport.broadcast([], "f", batch(rows=2, cols=2)),
+    ):
+        with pytest.raises(adp.OptionError) as caught:
+            give()
+        assert isinstance(caught.value, adp.DataProtoError) and isinstance(caught.value, ValueError)
+    assert adp.get_receive_options().copy == "on_write"
 
 
 def test_asked_modes_are_reported():
