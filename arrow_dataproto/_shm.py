@@ -349,7 +349,7 @@ class _Twin:
         """Register bytes ``[lo, hi)`` as a new lease (under ``_lock``); ``None`` if they
         overlap a live lease's bytes, or share a written page with one."""
         first, last = lo // _PAGE, -(-hi // _PAGE)
-        shared = set()
+        shared: set[int] = set()
         for a, b in self.leases.values():
             if a < hi and lo < b:  # the same object, received again while its views live
                 return None

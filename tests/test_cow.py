@@ -101,6 +101,10 @@ if __name__ != "__main__":
         def checksum(self, dp):
             return int(dp.batch["input_ids"].sum()), float(dp.batch["logp"].values().sum())
 
+        def warm_up(self):
+            transport.warm_up()
+            return len(_shm._twins)
+
     Reader = ray.remote(num_cpus=0)(_Reader)
 
     @pytest.fixture(scope="module")
@@ -127,6 +131,13 @@ def test_the_default_is_copy_on_write_everywhere(readers):
     assert is_private_view_of_the_store(echoed.batch["input_ids"])
     with receive_options(copy=True):
         assert not is_private_view_of_the_store(ray.get(ref).batch["input_ids"])
+
+
+@LINUX
+def test_warm_up_maps_the_store_once(readers):
+    assert ray.get(readers[0].warm_up.remote()) == 1  # the store's twin is mapped before the first batch
+    assert ray.get(readers[0].private_view.remote(ray.put(batch())))
+    assert ray.get(readers[0].warm_up.remote()) == 1
 
 
 @LINUX
