@@ -69,6 +69,11 @@ class ArgumentTypeError(DataProtoError, TypeError, ValueError):
     """An argument has a type the operation does not take (verl raises TypeError or ValueError here)."""
 
 
+class OptionError(DataProtoError, ValueError):
+    """An option or argument has a value the library does not take: a receive mode
+    other than ``True``/``False``/``"on_write"``, a device this process lacks, no actors."""
+
+
 _Error = TypeVar("_Error", bound=DataProtoError)
 
 

@@ -9,7 +9,8 @@ What the receiver gets is set by :class:`ReceiveOptions`. By default
 (``copy="on_write"``) tensors are copy-on-write views: buffers that lie in
 shared memory (Ray's object store) are mapped a second time, privately, so that
 reading costs no copy and a write copies only the pages it touches, in the
-writing process alone; buffers in ordinary memory are copied. Nothing a
+writing process alone; every other buffer (ordinary memory, other shared
+memory) is copied. Nothing a
 receiver does to its tensors can change what another reader of the same bytes
 (another Ray worker reading the same object) sees, and nothing another reader
 does can change them. ``copy=True`` copies every tensor; ``copy=False`` views the
@@ -37,7 +38,7 @@ import torch
 
 from . import _shm
 from ._codec import record_batch_of
-from .errors import DecodeError, column_error
+from .errors import DecodeError, OptionError, column_error
 
 ON_WRITE: Final = "on_write"
 Copy = Union[bool, Literal["on_write"]]
@@ -48,20 +49,23 @@ class ReceiveOptions:
     """How an unpickled DataProto is rebuilt.
 
     ``copy="on_write"`` (default): CPU tensors are private copy-on-write views.
-    Buffers in shared memory (Ray's object store, for objects over ~100 KiB)
-    are mapped again with ``MAP_PRIVATE``: no copy on receipt, reads at
-    zero-copy speed, and an in-place write copies the pages it touches in this
-    process only. The tensors keep the Ray object alive (pinned) until the last
-    of them dies. Buffers in ordinary memory (inlined small objects, plain
-    ``pickle.loads``) and every buffer where mapping is impossible here (see
-    :func:`receive_mode`) are copied instead: never a shared view.
+    Buffers in Ray's object store (sealed objects over ~100 KiB: immutable
+    while pinned) are mapped again with ``MAP_PRIVATE``: no copy on receipt,
+    reads at zero-copy speed, and an in-place write copies the pages it touches
+    in this process only. The tensors keep the Ray object alive (pinned) until
+    the last of them dies. Every other buffer is copied, never viewed: ordinary
+    memory (inlined small objects, plain ``pickle.loads``), writable shared
+    memory (``multiprocessing.shared_memory``, a ``MAP_SHARED`` file, torch
+    shared memory: its owner may change or truncate it), and every buffer where
+    mapping is impossible here (see :func:`receive_mode`).
     ``copy=True``: tensors own their memory (one copy; none extra when
     ``device`` is an accelerator, where the transfer is the copy).
     ``copy=False``: CPU tensors view the received buffers (Ray: the shared-memory
     object store). Treat them as read-only: an in-place write changes the
     object for every process that reads it.
     ``device``: where tensors go (``None``: the device recorded by the sender,
-    or the CPU if this process lacks it).
+    or the CPU if this process lacks it). A device this process lacks, or a
+    ``copy`` other than these three, raises :class:`~arrow_dataproto.OptionError`.
 
     Numeric numpy columns of ``non_tensor_batch`` are copies in both copying
     modes, and read-only views with ``copy=False``.
@@ -72,7 +76,27 @@ class ReceiveOptions:
 
     def __post_init__(self):
         if self.copy not in (True, False, ON_WRITE) or not isinstance(self.copy, (bool, str)):
-            raise ValueError(f"copy must be True, False or {ON_WRITE!r}, got {self.copy!r}")
+            raise OptionError(f"copy must be True, False or {ON_WRITE!r}, got {self.copy!r}")
+        if self.device is not None:
+            _check_device(self.device)
+
+
+def _check_device(device: str) -> None:
+    """:class:`OptionError` unless ``device`` names a device of this process (``cpu``
+    and ``meta`` always do; ``cuda:1`` needs two CUDA devices)."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise OptionError(f"device {device!r} is not a torch device: {e}") from None
+    if parsed.type in ("cpu", "meta"):
+        return
+    backend = getattr(torch, parsed.type, None)
+    available = getattr(backend, "is_available", None)
+    if available is None or not available():
+        raise OptionError(f"device {device!r}: this process has no {parsed.type} device")
+    count = getattr(backend, "device_count", None)
+    if parsed.index is not None and count is not None and parsed.index >= count():
+        raise OptionError(f"device {device!r}: this process has {count()} {parsed.type} device(s)")
 
 
 _COPY_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
@@ -86,7 +110,12 @@ def _from_environment() -> ReceiveOptions:
             "ARROW_DATAPROTO_COPY=%r is not one of on_write, 1, 0: using on_write", word
         )
         copy = ON_WRITE
-    return ReceiveOptions(copy=copy, device=os.environ.get("ARROW_DATAPROTO_DEVICE") or None)
+    device = os.environ.get("ARROW_DATAPROTO_DEVICE") or None
+    try:
+        return ReceiveOptions(copy=copy, device=device)
+    except OptionError as e:
+        logging.getLogger("arrow_dataproto").warning("ARROW_DATAPROTO_DEVICE=%r ignored: %s", device, e)
+        return ReceiveOptions(copy=copy)
 
 
 _process_default = _from_environment()

@@ -14,6 +14,7 @@ import gc
 import logging
 import mmap
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -100,6 +101,10 @@ if __name__ != "__main__":
         def checksum(self, dp):
             return int(dp.batch["input_ids"].sum()), float(dp.batch["logp"].values().sum())
 
+        def warm_up(self):
+            transport.warm_up()
+            return len(_shm._twins)
+
     Reader = ray.remote(num_cpus=0)(_Reader)
 
     @pytest.fixture(scope="module")
@@ -126,6 +131,13 @@ def test_the_default_is_copy_on_write_everywhere(readers):
     assert is_private_view_of_the_store(echoed.batch["input_ids"])
     with receive_options(copy=True):
         assert not is_private_view_of_the_store(ray.get(ref).batch["input_ids"])
+
+
+@LINUX
+def test_warm_up_maps_the_store_once(readers):
+    assert ray.get(readers[0].warm_up.remote()) == 1  # the store's twin is mapped before the first batch
+    assert ray.get(readers[0].private_view.remote(ray.put(batch())))
+    assert ray.get(readers[0].warm_up.remote()) == 1
 
 
 @LINUX
@@ -193,6 +205,57 @@ def test_the_last_tensor_releases_the_object(ray_session):
     assert wait_for_objects(baseline) == baseline
 
 
+@LINUX
+def test_after_fork_a_child_keeps_what_it_received(ray_session):
+    """A driver forks while holding received tensors, then drops them; the store reuses
+    the memory. The child's tensors must still hold what was received (the child copied
+    their pages at the fork), and neither process's writes reach the other or the object."""
+    dp = batch(seed=2)
+    expected = checksum(dp)
+    ref = ray.put(dp)
+    held = ray.get(ref)
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no Ray, no torch thread pool; only memory reads and writes
+        try:
+            os.read(ready_r, 1)  # the parent has dropped its tensors and refilled the store
+            ids = held.batch["input_ids"].numpy()
+            ok = int(ids.sum()) == expected[0] and float(held.batch["logp"].values().numpy().sum()) == expected[1]
+            ids += 1  # private to the child
+            os._exit(0 if ok else 1)
+        finally:
+            os._exit(2)
+    os.close(ready_r)
+    del held
+    gc.collect()
+    for i in range(10):  # same-sized objects over the freed memory
+        other = batch(seed=200 + i)
+        other.batch["input_ids"].fill_(-i)
+        ray.get(ray.put(other))
+    os.write(ready_w, b"x")
+    os.close(ready_w)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert checksum(ray.get(ref)) == expected
+
+
+@LINUX
+def test_torch_multiprocessing_sharing_leaves_the_store(ray_session):
+    """Sending a tensor through ``torch.multiprocessing`` first moves it into torch's own
+    shared memory (``share_memory_``): from then on sender and receiver share that copy,
+    as torch documents, and no write reaches the Ray object; its lease is let go."""
+    dp = batch(seed=3)
+    expected = checksum(dp)
+    ref = ray.put(dp)
+    got = ray.get(ref)
+    ids = got.batch["input_ids"]
+    assert is_private_view_of_the_store(ids)
+    ids.share_memory_()
+    assert ids.is_shared() and not is_private_view_of_the_store(ids)
+    ids.add_(1)
+    assert checksum(ray.get(ref)) == expected
+
+
 def test_small_objects_are_copied(ray_session):
     """Ray inlines objects under ~100 KiB: no file behind them, so they are copied, not viewed."""
     dp = batch(rows=4, cols=16)
@@ -208,11 +271,42 @@ def test_small_objects_are_copied(ray_session):
 def test_a_device_target_is_a_copy_without_mapping(ray_session, monkeypatch):
     mapped = []
     monkeypatch.setattr(_shm, "_map_group", lambda *a: mapped.append(a))
-    with receive_options(device="cuda:0"):
-        assert receive_mode() == ("copy", "tensors are decoded onto cuda:0: the transfer is the copy")
+    if torch.cuda.is_available():
+        with receive_options(device="cuda:0"):
+            assert receive_mode() == ("copy", "tensors are decoded onto cuda:0: the transfer is the copy")
     got = ray.get(ray.put(transport.receive_as(batch(), device="meta")))  # the one other device here
     assert got.batch["input_ids"].device.type == "meta"
     assert mapped == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_device_this_process_lacks_is_refused_where_it_is_given(ray_session):
+    for give in (
+        lambda: receive_options(device="cuda").__enter__(),
+        lambda: adp.set_receive_options(device="cuda:0"),
+        lambda: transport.get(ray.put(batch()), device="cuda"),
+        lambda: adp.ReceiveOptions(device="no-such-device"),
+    ):
+        with pytest.raises(adp.OptionError, match="device"):
+            give()
+    assert adp.get_receive_options().device is None
+    # a sender without the device may still ask for it: the receiver decides, with the library's error
+    ref = ray.put(transport.receive_as(batch(), device="cuda"))
+    with pytest.raises(adp.OptionError, match="no cuda device"):
+        transport.get(ref)
+
+
+def test_argument_errors_are_the_librarys_and_value_errors():
+    for give in (
+        lambda: adp.set_receive_options(copy="yes"),
+        lambda: receive_options(copy="sometimes").__enter__(),
+        lambda: transport.scatter([], "f", batch(rows=2, cols=2)),
+        lambda: transport.broadcast([], "f", batch(rows=2, cols=2)),
+    ):
+        with pytest.raises(adp.OptionError) as caught:
+            give()
+        assert isinstance(caught.value, adp.DataProtoError) and isinstance(caught.value, ValueError)
+    assert adp.get_receive_options().copy == "on_write"
 
 
 def test_asked_modes_are_reported():
@@ -245,21 +339,7 @@ def shared_file():
 def fresh_process_state(monkeypatch):
     monkeypatch.setattr(_shm, "_process_reason", None)
     monkeypatch.setattr(_shm, "_holders", {})
-
-
-@LINUX
-def test_a_named_shared_file_is_mapped_privately(shared_file, fresh_process_state):
-    _, buffer = shared_file
-    (view,) = _shm.private_views([buffer])
-    assert view.to_pybytes() == buffer.to_pybytes() and view.address != buffer.address
-    assert mapping_of(view.address)[0] == "rw-p"
-    t = torch.from_dlpack(pa.Array.from_buffers(pa.uint8(), view.size, [None, view]))  # as the codec views it
-    original = buffer.to_pybytes()
-    t.add_(1)  # the write stays here
-    assert buffer.to_pybytes() == original
-    assert t[0].item() == (original[0] + 1) % 256
-    assert _shm.unavailable_reason() is None
-    del t, view
+    monkeypatch.setattr(_shm, "_twins", {})
 
 
 def assert_copied(buffer: pa.Buffer) -> None:
@@ -284,14 +364,15 @@ def test_no_proc_falls_back_to_a_copy_and_says_so_once(shared_file, fresh_proces
 
 
 @LINUX
-def test_an_unreachable_descriptor_falls_back_to_a_copy(shared_file, fresh_process_state, monkeypatch):
-    name, buffer = shared_file
-    os.unlink(name)  # deleted: only this process holds it, and it looks in its parent and raylets
-    monkeypatch.setattr(_shm, "_raylets", lambda: [])
-    monkeypatch.setattr(os, "getppid", lambda: 1 << 30)  # a parent that does not exist
-    with open(name, "wb"):  # a new file of the same name must not be taken for it
-        pass
-    assert_copied(buffer)
+def test_a_raylet_whose_descriptors_cannot_be_read_falls_back_to_a_copy(fresh_process_state, monkeypatch):
+    """A store file (a deleted ``plasma`` file) that no reachable raylet descriptor opens: a reason of the process."""
+    fd, name = tempfile.mkstemp(prefix="plasma", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    os.unlink(name)
+    os.ftruncate(fd, 2 * mmap.PAGESIZE)
+    shared = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED)
+    os.close(fd)
+    monkeypatch.setattr(_shm, "_raylets", lambda: [1 << 30])  # a raylet whose /proc/<pid>/fd does not list
+    assert_copied(pa.py_buffer(shared).slice(10, 100))
     assert "no process here holds an openable descriptor" in _shm.unavailable_reason()
     assert receive_mode().mode == "copy"
 
@@ -307,6 +388,180 @@ def test_ordinary_memory_is_copied(fresh_process_state):
     buffer = pa.py_buffer(bytearray(b"x" * 10_000))
     assert_copied(buffer)
     assert _shm.unavailable_reason() is None  # not a reason of the process
+
+
+# ---------------------------------------------------------------- other shared memory: copied, never mapped
+
+
+def _owner(kind: str, tmp_path) -> tuple[torch.Tensor, object]:
+    """An int64 tensor of 3 pages in writable shared memory of ``kind``, and a way to truncate its file (or ``None``)."""
+    n = 3 * mmap.PAGESIZE // 8
+    if kind == "multiprocessing":
+        from multiprocessing import shared_memory
+
+        segment = shared_memory.SharedMemory(create=True, size=n * 8)
+        tensor = torch.frombuffer(segment.buf, dtype=torch.int64)
+        tensor.owner = segment  # type: ignore[attr-defined]  # kept alive (and unlinked) with the tensor
+        segment.unlink()
+        return tensor, lambda: os.ftruncate(segment._fd, 0)
+    if kind == "map_shared_file":
+        path = tmp_path / "shared.bin"
+        path.write_bytes(bytes(n * 8))
+        with open(path, "r+b") as f:
+            shared = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED)
+        return torch.frombuffer(shared, dtype=torch.int64), lambda: os.truncate(path, 0)
+    assert kind == "torch"
+    return torch.zeros(n, dtype=torch.int64).share_memory_(), None
+
+
+def _in_a_shared_file_mapping(address: int) -> bool:
+    found = mapping_of(address)
+    return found is not None and found[0][3] == "s" and bool(found[2])
+
+
+@LINUX
+@pytest.mark.parametrize("kind", ["multiprocessing", "map_shared_file", "torch"])
+def test_other_shared_memory_is_copied(kind, tmp_path, fresh_process_state):
+    """Only Ray's sealed store is immutable: a DataProto unpickled (default options) from
+    buffers in writable shared memory owns copies, blind to its owner's writes and truncation."""
+    owned, truncate = _owner(kind, tmp_path)
+    owned.copy_(torch.arange(len(owned)))
+    buffers: list = []
+    state = pickle.dumps(DataProto(TensorDict({"x": owned}, batch_size=[len(owned)])), protocol=5, buffer_callback=buffers.append)
+    assert any(_in_a_shared_file_mapping(pa.py_buffer(b).address) for b in buffers)  # sent from the shared memory itself
+    got = pickle.loads(state, buffers=buffers).batch["x"]
+    assert not _in_a_shared_file_mapping(got.data_ptr()) and mapping_of(got.data_ptr())[2] == 0  # ordinary memory
+    owned.add_(100)  # the owner writes after the receipt
+    assert torch.equal(got, torch.arange(len(owned)))
+    got.add_(1)  # and the receiver's writes stay its own
+    assert torch.equal(owned, torch.arange(len(owned)) + 100)
+    if truncate is not None:
+        truncate()  # a view of the file would now raise SIGBUS
+        assert int(got.sum()) == int(torch.arange(len(got)).sum()) + len(got)
+    assert _shm.unavailable_reason() is None and _shm._twins == {}
+
+
+# ---------------------------------------------------------------- the store's twin, without Ray
+
+
+@pytest.fixture
+def fake_store(monkeypatch, fresh_process_state):
+    """A deleted tmpfs ``plasma`` file mapped shared, of which this process plays the raylet."""
+    fd, name = tempfile.mkstemp(prefix="plasma", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    os.unlink(name)
+    os.ftruncate(fd, 16 * mmap.PAGESIZE)
+    shared = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED)
+    shared[:] = bytes(range(256)) * (len(shared) // 256)
+    monkeypatch.setattr(_shm, "_raylets", lambda: [os.getpid()])
+    try:
+        yield shared
+    finally:
+        for twin in _shm._twins.values():
+            wait_until(lambda: not twin.leases)
+        os.close(fd)
+
+
+def wait_until(condition, wait_s: float = 10) -> None:
+    deadline = time.monotonic() + wait_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def received(shared: mmap.mmap, offset: int, size: int) -> torch.Tensor:
+    """A copy-on-write view of ``shared[offset:offset + size]`` as a uint8 tensor, as the codec views it."""
+    (view,) = _shm.private_views([pa.py_buffer(shared).slice(offset, size)])
+    return torch.from_dlpack(pa.Array.from_buffers(pa.uint8(), view.size, [None, view]))
+
+
+def wait_released() -> None:
+    """Wait until every lease on the twins is gone (the caller dropped its views)."""
+    gc.collect()
+    wait_until(lambda: all(not twin.leases for twin in _shm._twins.values()))
+
+
+def wait_released_but(live: int) -> None:
+    gc.collect()
+    wait_until(lambda: sum(len(twin.leases) for twin in _shm._twins.values()) == live)
+
+
+@LINUX
+def test_store_objects_share_one_twin_mapped_once(fake_store):
+    page = mmap.PAGESIZE
+    a, b = received(fake_store, 100, page), received(fake_store, 5 * page + 8, 2 * page)
+    (twin,) = _shm._twins.values()
+    assert mapping_of(a.data_ptr())[:3] == mapping_of(b.data_ptr())[:3]  # one private mapping of the file
+    assert mapping_of(a.data_ptr())[0] == "rw-p" and a.data_ptr() == twin.address + 100
+    assert bytes(a.numpy()) == fake_store[100 : 100 + page] and bytes(b.numpy()) == fake_store[5 * page + 8 : 7 * page + 8]
+    original = fake_store[:]
+    a.add_(1)
+    b.add_(1)
+    assert fake_store[:] == original  # writes stay private
+    assert len(twin.leases) == 2
+
+
+@LINUX
+def test_a_dead_lease_drops_its_written_pages(fake_store):
+    page = mmap.PAGESIZE
+    t = received(fake_store, 0, 3 * page)
+    address = t.data_ptr()
+    t.fill_(7)  # every page of the object private
+    del t
+    wait_released()
+    fake_store[: 3 * page] = bytes([9]) * (3 * page)  # the store reuses the memory for another object
+    again = received(fake_store, 0, 3 * page)
+    assert again.data_ptr() == address  # the same twin, its page tables reused
+    assert bytes(again.numpy()) == bytes([9]) * (3 * page)  # the new object, not the old writes
+
+
+@LINUX
+def test_the_same_bytes_twice_are_mapped_apart(fake_store):
+    page = mmap.PAGESIZE
+    first = received(fake_store, 64, 2 * page)
+    first.fill_(1)
+    second = received(fake_store, 64, 2 * page)  # received again while the first views live
+    assert second.data_ptr() != first.data_ptr()
+    assert bytes(second.numpy()) == fake_store[64 : 64 + 2 * page]
+    second.fill_(2)
+    assert bool((first == 1).all())
+    del second
+    wait_released_but(1)
+    assert bool((first == 1).all())
+
+
+@LINUX
+def test_a_page_written_by_a_neighbour_is_not_shared(fake_store):
+    """Objects are 64-byte aligned, so neighbours share pages: a page one object wrote
+    (copied when the next object's bytes were not yet there) must not serve the next one."""
+    a = received(fake_store, 0, 100)
+    a.fill_(1)  # the page is now private, with the file's bytes of that moment beyond 100
+    fake_store[128:228] = bytes([5]) * 100  # the store then writes a neighbour into the same page
+    b = received(fake_store, 128, 100)
+    assert bytes(b.numpy()) == bytes([5]) * 100
+    del a
+    wait_released()  # b has a mapping of its own
+    assert bytes(b.numpy()) == bytes([5]) * 100
+    c = received(fake_store, 3 * mmap.PAGESIZE, 100)  # an unwritten neighbour page: served by the twin
+    d = received(fake_store, 3 * mmap.PAGESIZE + 128, 100)
+    assert d.data_ptr() - c.data_ptr() == 128
+    d.fill_(3)
+    assert bytes(c.numpy()) == fake_store[3 * mmap.PAGESIZE : 3 * mmap.PAGESIZE + 100]
+
+
+@LINUX
+def test_a_forked_child_owns_its_views(fake_store):
+    """After fork the parent's Ray pin no longer protects the child's views: the child
+    copies their pages, so that the store's later reuse of the memory cannot change them."""
+    t = received(fake_store, 100, 2 * mmap.PAGESIZE)
+    t[:10].fill_(42)  # a written page and unwritten ones
+    expected = bytes(t.numpy())
+    pid = os.fork()
+    if pid == 0:  # the child: the store (here: the shared mapping) is rewritten under it
+        fake_store[:] = bytes(len(fake_store))
+        os._exit(0 if bytes(t.numpy()) == expected else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    fake_store[:] = bytes(range(256)) * (len(fake_store) // 256)
 
 
 # ---------------------------------------------------------------- in a child process with its own Ray
