@@ -413,7 +413,7 @@ class String:
 def _exact_strings(rows: list, arrow_type: pa.DataType) -> bool:
     """Rows that Arrow text gives back exactly without a check: every row an exact ``str``
     (no subclass, no None) in a string column (``pa.array`` refused text that is not UTF-8)."""
-    return arrow_type in (pa.string(), pa.large_string()) and all(type(row) is str for row in rows)
+    return arrow_type in (pa.string(), pa.large_string()) and set(map(type, rows)) == {str}
 
 
 _SAME_ROWS_SLICE = 4096
