@@ -410,10 +410,17 @@ class String:
         return values.reshape(len(array), *row_shape)
 
 
-def _exact_strings(rows: list, arrow_type: pa.DataType) -> bool:
-    """Rows that Arrow text gives back exactly without a check: every row an exact ``str``
-    (no subclass, no None) in a string column (``pa.array`` refused text that is not UTF-8)."""
-    return arrow_type in (pa.string(), pa.large_string()) and set(map(type, rows)) == {str}
+def _plain_text(rows: list) -> bool:
+    """Every row an exact ``str`` (no subclass, no None): Arrow text gives such rows back
+    exactly without a check (``pa.array`` refuses text that is not UTF-8)."""
+    return set(map(type, rows)) == {str}
+
+
+def _text_type(rows: list) -> pa.DataType | None:
+    """``large_string`` for plain text of more than :data:`MAX_STRING_BYTES` characters (its
+    UTF-8 bytes are at least as many), so that it is converted once, in one piece; else
+    ``None`` (inferred)."""
+    return pa.large_string() if sum(map(len, rows)) > MAX_STRING_BYTES else None
 
 
 _SAME_ROWS_SLICE = 4096
@@ -442,11 +449,14 @@ class Object:
         rows = values.tolist()
         if not _may_be_native(rows):
             return None
+        text = _plain_text(rows)
         try:
-            array = _to_arrow(rows)
+            array = _to_arrow(rows, _text_type(rows) if text else None)
         except Exception:  # pa.array calls into arbitrary user objects; any failure -> pickle
             return None
-        if _is_plain(array.type) and (_exact_strings(rows, array.type) or _same_rows(rows, array)):
+        if text and array.type in (pa.string(), pa.large_string()):
+            return array
+        if _is_plain(array.type) and _same_rows(rows, array):
             return array
         return None
 

@@ -670,3 +670,14 @@ def test_the_exactness_check_runs_a_slice_at_a_time(monkeypatch):
     assert type(back[3]) is tuple and back[3] == (4,)
     ints = objects([1], [2], [3], [4], [5])
     assert encode_column("c", ints)[1]["adp.kind"] == "object"
+
+
+def test_plain_text_past_32_bit_offsets_is_converted_once_as_large_strings(monkeypatch):
+    from arrow_dataproto import _objects
+
+    calls = _chunking_pa_array(monkeypatch)
+    monkeypatch.setattr(_objects, "MAX_STRING_BYTES", 6)
+    values = np.array(["abc", "de", "fg"], dtype=object)  # 7 characters: past the (patched) limit
+    array, metadata = encode_column("text", values)
+    assert array.type == pa.large_string() and calls == [pa.large_string()]
+    assert_array_identical(values, decode_column("text", array, metadata, allow_pickle=False))
