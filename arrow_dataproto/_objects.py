@@ -154,10 +154,21 @@ def _is_plain(t: pa.DataType) -> bool:
 
 
 def _to_arrow(data: Any, arrow_type: pa.DataType | None = None) -> pa.Array:
-    """``pa.array(data)``; pyarrow returns a ChunkedArray past 2 GiB of offsets: go large."""
+    """``pa.array(data)``; pyarrow returns a ChunkedArray past 2 GiB of offsets: go large.
+
+    The chunks are widened (``cast``: new offsets, the same value bytes) and joined (one
+    copy of the bytes), not converted from the Python objects a second time (several times
+    slower than the copy, and the two conversions were alive at once)."""
     array = pa.array(data, type=arrow_type)
     if isinstance(array, pa.ChunkedArray):
-        array = pa.array(data, type=_large(array.type))
+        large = _large(array.type)
+        chunks = array.chunks
+        del array
+        try:
+            return pa.concat_arrays([chunk.cast(large) for chunk in chunks])
+        except pa.ArrowNotImplementedError:  # a type whose cast pyarrow lacks: convert again
+            del chunks
+            return pa.array(data, type=large)
     return array
 
 
@@ -399,6 +410,32 @@ class String:
         return values.reshape(len(array), *row_shape)
 
 
+def _plain_text(rows: list) -> bool:
+    """Every row an exact ``str`` (no subclass, no None): Arrow text gives such rows back
+    exactly without a check (``pa.array`` refuses text that is not UTF-8)."""
+    return set(map(type, rows)) == {str}
+
+
+def _text_type(rows: list) -> pa.DataType | None:
+    """``large_string`` for plain text of more than :data:`MAX_STRING_BYTES` characters (its
+    UTF-8 bytes are at least as many), so that it is converted once, in one piece; else
+    ``None`` (inferred)."""
+    return pa.large_string() if sum(map(len, rows)) > MAX_STRING_BYTES else None
+
+
+_SAME_ROWS_SLICE = 4096
+"""Rows converted back at a time by :func:`_same_rows`: what the check holds in memory."""
+
+
+def _same_rows(rows: list, array: pa.Array) -> bool:
+    """Whether the array's rows convert back to ``rows`` (:func:`same`), a slice at a time."""
+    for start in range(0, len(rows), _SAME_ROWS_SLICE):
+        back = array.slice(start, _SAME_ROWS_SLICE).to_pylist()
+        if not all(map(same, rows[start : start + _SAME_ROWS_SLICE], back)):
+            return False
+    return True
+
+
 class Object:
     """1-D ``O``: the column Arrow infers, kept only if it gives back the same values and types."""
 
@@ -412,11 +449,14 @@ class Object:
         rows = values.tolist()
         if not _may_be_native(rows):
             return None
+        text = _plain_text(rows)
         try:
-            array = _to_arrow(rows)
+            array = _to_arrow(rows, _text_type(rows) if text else None)
         except Exception:  # pa.array calls into arbitrary user objects; any failure -> pickle
             return None
-        if _is_plain(array.type) and all(map(same, rows, array.to_pylist())):
+        if text and array.type in (pa.string(), pa.large_string()):
+            return array
+        if _is_plain(array.type) and _same_rows(rows, array):
             return array
         return None
 

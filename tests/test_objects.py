@@ -596,3 +596,88 @@ def test_columns_over_2_gib_use_large_types(kind):
     assert array.type == (pa.large_string() if kind == "str" else pa.large_binary())
     last = decode_column("big", array.slice(2), metadata, allow_pickle=False)
     assert last.shape == (1,) and last[0] == values[2]
+
+
+# ---------------------------------------------------------------- past 2 GiB, without allocating it
+
+
+def _chunking_pa_array(monkeypatch):
+    """Make ``pa.array`` answer as it does past 2 GiB of 32-bit offsets (a ChunkedArray) for
+    any type without 64-bit offsets; returns the list of types it was called with."""
+    from arrow_dataproto import _objects
+
+    real = pa.array
+    calls = []
+
+    def chunking(data, type=None, **kwargs):
+        calls.append(type)
+        array = real(data, type=type, **kwargs)
+        if type is not None and "large" in str(type):
+            return array
+        half = len(array) // 2
+        return pa.chunked_array([array.slice(0, half), array.slice(half)])
+
+    monkeypatch.setattr(_objects.pa, "array", chunking)
+    return calls
+
+
+@pytest.mark.parametrize(
+    "rows, large",
+    [
+        (["ab", "", "cde", "f"], pa.large_string()),
+        ([b"\x00a", b"b", b"", b"cd"], pa.large_binary()),
+        ([["a", "bc"], [], ["d"], ["e", "f", "g"]], pa.large_list(pa.large_string())),
+    ],
+)
+def test_a_chunked_conversion_is_widened_not_converted_again(monkeypatch, rows, large):
+    from arrow_dataproto import _objects
+
+    calls = _chunking_pa_array(monkeypatch)
+    array = _objects._to_arrow(rows)
+    assert isinstance(array, pa.Array) and array.type == large
+    assert array.to_pylist() == rows
+    assert calls == [None]  # the Python objects were converted once
+
+
+def test_a_column_past_32_bit_offsets_round_trips_as_large_strings(monkeypatch):
+    _chunking_pa_array(monkeypatch)
+    values = np.array(["x" * 5, "yy", "", "z\x00z", "é"], dtype=object)
+    array, metadata = encode_column("text", values)
+    assert array.type == pa.large_string() and metadata["adp.kind"] == "object"
+    assert_array_identical(values, decode_column("text", array, metadata, allow_pickle=False))
+
+
+class Text(str):
+    pass
+
+
+def test_a_str_subclass_is_not_taken_for_plain_text():
+    values = np.array(["a", Text("b"), "c"], dtype=object)
+    array, metadata = encode_column("text", values)
+    assert metadata["adp.kind"] != "object"
+    back = decode_column("text", array, metadata, allow_pickle=True)
+    assert [type(v) for v in back] == [str, Text, str]
+
+
+def test_the_exactness_check_runs_a_slice_at_a_time(monkeypatch):
+    from arrow_dataproto import _objects
+
+    monkeypatch.setattr(_objects, "_SAME_ROWS_SLICE", 2)
+    values = objects([1], [2], [3], (4,), [5])  # the tuple is in the second slice
+    array, metadata = encode_column("c", values)
+    assert metadata["adp.kind"] != "object"
+    back = decode_column("c", array, metadata, allow_pickle=True)
+    assert type(back[3]) is tuple and back[3] == (4,)
+    ints = objects([1], [2], [3], [4], [5])
+    assert encode_column("c", ints)[1]["adp.kind"] == "object"
+
+
+def test_plain_text_past_32_bit_offsets_is_converted_once_as_large_strings(monkeypatch):
+    from arrow_dataproto import _objects
+
+    calls = _chunking_pa_array(monkeypatch)
+    monkeypatch.setattr(_objects, "MAX_STRING_BYTES", 6)
+    values = np.array(["abc", "de", "fg"], dtype=object)  # 7 characters: past the (patched) limit
+    array, metadata = encode_column("text", values)
+    assert array.type == pa.large_string() and calls == [pa.large_string()]
+    assert_array_identical(values, decode_column("text", array, metadata, allow_pickle=False))
