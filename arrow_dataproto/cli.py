@@ -362,12 +362,16 @@ def head_table(path: str | os.PathLike, n: int = 5, start: int = 0, columns: lis
     hidden pickled columns)``; an array cell keeps its first ``most`` values (see :func:`_render`).
     Without ``allow_pickle`` pickled columns read as ``<pickled>`` and ``meta_info`` is not
     read: nothing is unpickled."""
+    from ._format import resolve_columns
     from .files import open_file
 
     with open_file(path, allow_pickle=allow_pickle) as reader:
         names = _head_columns(reader, columns)
         hidden = [] if allow_pickle else [c for c in names if c in reader.pickled_columns]
         first = slice(start, None).indices(reader.num_rows)[0]
+        if not reader.num_batches:  # the columns, and no rows (an unknown name is still refused)
+            resolve_columns(reader.columns, names, str(reader))
+            return names, [], [[] for _ in names], hidden
         data = reader.read_rows(first, first + n, [c for c in names if c not in hidden], meta_info=allow_pickle)
         infos = {c.name: c for c in reader.column_info()}
         count = min(n, reader.num_rows - first)
