@@ -31,7 +31,7 @@ from ._dtypes import dtype_from_name, dtype_name
 from .errors import ColumnNotFoundError, DecodeError, EncodeError, FormatVersionError, column_error
 
 FORMAT_NAME = "arrow-dataproto"
-FORMAT_VERSION = (1, 2)
+FORMAT_VERSION = (1, 3)
 """Major.minor. A reader accepts any minor of its own major and refuses other majors."""
 
 KEY_PREFIX = "adp."

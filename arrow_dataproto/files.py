@@ -62,8 +62,8 @@ import mmap
 import os
 import secrets
 import stat
-
 import struct
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
@@ -104,7 +104,7 @@ from ._format import (
     resolve_columns,
     text_metadata,
 )
-from ._objects import JSON, OBJECT, PICKLE, decode_column, decode_meta_info, encode_as, json_type
+from ._objects import JSON, OBJECT, PICKLE, decode_column, decode_meta_info, encode_as, json_type, pickled_meta_keys
 from ._progress import progress_bar
 
 __all__ = [
@@ -294,14 +294,27 @@ class FileWriter:
         self._done = False
         self._failed: str | None = None
         self._fields: dict[str, pa.Field] = {}
+        self._warned = False  # about a pickled meta_info
         self._schema_text = ""  # the written schema, as checksums hash it (_checksum.schema_text)
         self.checksums = checksums
         self.portable = portable
         self.stream = stream
 
     def write(self, data: Any) -> None:
-        """Append one DataProto (ours or verl's) or TensorDict as the next batch."""
-        self._write(to_arrow(data, portable=self.portable))
+        """Append one DataProto (ours or verl's) or TensorDict as the next batch.
+
+        A ``meta_info`` that needs pickling (values neither JSON nor tensors) is written
+        pickled with a warning naming the keys: reading it back will need ``allow_pickle=True``."""
+        batch = to_arrow(data, portable=self.portable)
+        if (batch.schema.metadata or {}).get(META_INFO_ENCODING.encode()) == b"pickle" and not self._warned:
+            self._warned = True
+            keys = ", ".join(pickled_meta_keys(getattr(data, "meta_info", None) or {}))
+            warnings.warn(
+                f"{self.path}: meta_info key(s) {keys} need pickling (neither JSON nor tensors): "
+                "reading the file will need allow_pickle=True",
+                stacklevel=2,
+            )
+        self._write(batch)
 
     def _write(self, batch: pa.RecordBatch) -> None:
         """Append a RecordBatch of ours (either form); it is written in this writer's form.
@@ -556,13 +569,16 @@ class FileWriter:
             self._writer.close()
             self._sink.close()
         except (pa.ArrowException, OSError) as e:  # the footer could not be written (disk full...)
-            self._fail(before, f"cannot finish {self.path}: {e}")
+            self._fail(before, f"cannot finish {self.path}: {e}; the file was not written")
             self._finish()
             raise EncodeError(self._failed) from e
         try:
             os.replace(self._partial, self.path)
         except OSError as e:
-            self._failed = f"cannot move {self._partial} to {self.path}: {e}; it is complete (rename it yourself)"
+            self._failed = (
+                f"cannot move {self._partial} to {self.path}: {e}; {self.path} was not written, "
+                f"{self._partial} is complete (every batch, footer included: rename it)"
+            )
             self._finish()
             raise EncodeError(self._failed) from e
         self._done = True

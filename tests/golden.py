@@ -130,11 +130,25 @@ def json_dataproto() -> adp.DataProto:
     return adp.DataProto(td, non_tensor, {"metrics": [{"reward/mean": 0.5}], "global_steps": 3})
 
 
+def meta_tensors_dataproto() -> adp.DataProto:
+    """Since 1.3: tensors in meta_info (``json+tensors``): bfloat16 with a NaN, bool, a 0-d
+    int64, an empty 2-D float32, complex64, inside dicts and lists."""
+    td = TensorDict({"ids": torch.arange(6).view(3, 2)}, batch_size=[3])
+    meta = {
+        "temperature": 0.7,
+        "ref": torch.tensor([1.5, float("nan"), -0.0], dtype=torch.bfloat16),
+        "stats": {"mask": torch.tensor([True, False]), "step": torch.tensor(7)},
+        "list": [torch.zeros(2, 0), torch.tensor([1 + 2j], dtype=torch.complex64), "text"],
+    }
+    return adp.DataProto(td, {"uid": np.array(["a", "b", "c"])}, meta)
+
+
 GOLDEN = {
     "sample": lambda: sample_dataproto(seed=1234),
     "kinds": kinds_dataproto,
     "pickled": pickled_dataproto,
     "json": json_dataproto,
+    "meta_tensors": meta_tensors_dataproto,
 }
 """The golden DataProtos by name; each builder is deterministic."""
 

@@ -669,4 +669,6 @@ def test_a_writer_that_cannot_finish_raises_encode_error(tmp_path):
     writer.write(_strings("a"))
     with pytest.raises(EncodeError, match="not written"):
         writer.close()
-    assert target.is_dir() and not list(tmp_path.glob("*.partial"))
+    # the batch whose write returned survives: the partial file is complete (issue 19)
+    (partial,) = tmp_path.glob("*.partial")
+    assert target.is_dir() and files.read_file(partial).non_tensor_batch["s"].tolist() == ["a"]
