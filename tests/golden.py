@@ -12,7 +12,8 @@ Each DataProto of :data:`GOLDEN` is written three ways (``V`` is the format vers
 - ``golden-vV-<name>.arrows``: an Arrow IPC stream (``to_ipc``);
 - ``golden-vV-<name>.pkl``: ``pickle.dumps(dp, protocol=5)`` without a ``buffer_callback``,
   so the Arrow buffers are inline (what a plain pickle or ``torch.save`` of a DataProto holds);
-- ``golden-vV-<name>.arrow``: an Arrow file of two batches (``files.write_file`` of ``dp.array_split(2)``).
+- ``golden-vV-<name>.arrow``: an Arrow file of two batches (``files.write_file`` of ``dp.array_split(2)``;
+  since 1.3 with ``checksums=True``, so that every later reader verifies them too).
 
 ``golden-vV.json`` records the format version, the library and dependency versions that
 wrote the files, and each file's size and SHA-256.
@@ -168,7 +169,7 @@ def write(out: Path = DATA) -> dict:
         paths += [out / f"{stem}-{name}.{ext}" for ext in ("arrows", "pkl", "arrow")]
         paths[-3].write_bytes(adp.to_ipc(dp).to_pybytes())
         paths[-2].write_bytes(pickle.dumps(dp, protocol=5))
-        files.write_file(paths[-1], dp.array_split(2))
+        files.write_file(paths[-1], dp.array_split(2), checksums=adp.FORMAT_VERSION >= (1, 3))
     manifest = {
         "format_version": "%d.%d" % adp.FORMAT_VERSION,
         "written_by": {
