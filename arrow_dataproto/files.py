@@ -1446,7 +1446,8 @@ def open_dataset(paths: str | os.PathLike | Iterable[str | os.PathLike], **optio
     """Open several files as one: a folder (its ``*.arrow`` files, sorted by name) or a list of paths.
 
     Every file must have the columns of the first (:class:`SchemaMismatchError` names
-    the file and the differences). ``options`` as in :func:`open_file`. For Arrow-level
+    the file and the differences), compared in the stored form as :class:`FileWriter` compares
+    batches: portable and stored files (and IPC stream files) of the same batches mix. ``options`` as in :func:`open_file`. For Arrow-level
     filtering and scans, :meth:`~DatasetReader.arrow_dataset` gives a ``pyarrow.dataset``.
     """
     if isinstance(paths, (str, os.PathLike)) and Path(paths).is_dir():

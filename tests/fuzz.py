@@ -40,6 +40,16 @@ reported with the input that caused it. Targets:
     one column's: kind, dtype, shape, row shape, ragged_idx, device) was edited, or
     whose columns or attrs were dropped: what parquet hands back is believed no more
     than IPC metadata.
+``writer-fsize``, ``writer-kill``
+    a ``FileWriter`` writing a plan of four batches (a promotion rewrite at the second, a
+    refused third) under an ``RLIMIT_FSIZE`` drawn anywhere up to past the final size, or in
+    a forked child that SIGKILLs itself after a drawn number of bytes: a batch whose write
+    returned and is in neither the file nor what ``recover_file`` reads from a partial file,
+    or a refused write that changed a partial file, is a finding (``unexpected:AssertionError``).
+``file-flip``, ``file-flip-zstd``, ``file-flip-portable``
+    one byte anywhere in a checksummed file XORed with 1..255, read with ``verify=True``,
+    ``verify()`` and ``read_all``: strict, so a decode that differs from the seed is a finding
+    (``silent:wrong-values``) -- every flip must be detected or harmless.
 
 Mutations: bit flips, interesting bytes and integers (biased towards the
 flatbuffer metadata), truncation, deletion, insertion and splices from other
@@ -318,7 +328,8 @@ class Target:
 # in about half the cases). Both check the rule of issue 19: every batch whose write returned
 # is in the final file or, when the writer failed or was killed, in what ``recover_file`` reads
 # from a partial file; a refused write leaves the partial files byte for byte as they were. A
-# loss is an AssertionError (``unexpected``: a finding). ``file-flip``: one byte of a
+# loss is an AssertionError (``unexpected``: a finding); once the rule held they return the
+# seed (``exact``). ``file-flip``: one byte of a
 # checksummed file (plain, zstd or portable) XORed with 1..255 anywhere (footer, schema,
 # message headers, padding, buffers): ``open_file(verify=True)``, ``verify()`` and
 # ``read_all`` must fail with the library's error or give the seed back exactly.
@@ -415,7 +426,14 @@ def _recovered_from(folder: str, expected: adp.DataProto | None, also: list[adp.
 
 
 def _writer_payload(dp: adp.DataProto) -> dict:
-    return {"batches": _evolving(dp), "sizes": {}}
+    """The unmutated case: the plan without a limit (``sizes`` caches the plan's file sizes)."""
+    return {"batches": _evolving(dp), "sizes": {}, "options": {}, "limit": None}
+
+
+def _seed_of(case: dict) -> adp.DataProto:
+    """What a writer target returns once the rule held: the seed (its first batch without ``evolve``)."""
+    first = case["batches"][0]
+    return adp.DataProto(first.batch, {k: v for k, v in first.non_tensor_batch.items() if k != "evolve"}, first.meta_info)
 
 
 def _mutate_writer(payload: dict, rng: random.Random, kill: bool) -> tuple[dict, str]:
@@ -426,7 +444,7 @@ def _mutate_writer(payload: dict, rng: random.Random, kill: bool) -> tuple[dict,
         payload["sizes"][key] = _plan_size(payload["batches"], options)
     full = payload["sizes"][key]
     limit = rng.randint(0, full + 2048) if rng.random() < 0.9 else rng.choice([0, 8, 64, full - 1, full, full + 1])
-    case = {"batches": payload["batches"], "options": options, "limit": max(limit, 0), "kill": kill}
+    case = {"batches": payload["batches"], "options": options, "limit": max(limit, 0)}
     at = "the end" if limit >= full else f"byte {limit} of {full}"
     return case, f"{'kill' if kill else 'rlimit-fsize'}: at {at}, {options}"
 
@@ -436,7 +454,8 @@ def _run_writer_fsize(case: dict) -> adp.DataProto:
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "out.arrow")
         soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+        if limit is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
         try:
             returned, refusals, closed = _write_plan(path, batches, options)
         finally:
@@ -448,10 +467,11 @@ def _run_writer_fsize(case: dict) -> adp.DataProto:
         if closed:
             got = adp_files.read_file(path, allow_pickle=True)
             assert_dataproto_equal(expected if expected is not None else adp.DataProto(), got)
-            return got
+            return _seed_of(case)
         if os.path.exists(path):
             raise AssertionError("close failed, yet the target path was written")
-        return _recovered_from(folder, expected)
+        _recovered_from(folder, expected)
+        return _seed_of(case)
 
 
 class _KillingFile:
@@ -503,7 +523,7 @@ def _run_writer_kill(case: dict) -> adp.DataProto:
         if pid == 0:  # the child: write until killed
             try:
                 os.close(read_end)
-                _KillingFile.budget = case["limit"]
+                _KillingFile.budget = 2**62 if case["limit"] is None else case["limit"]
                 adp_files.pa.OSFile = lambda p, mode="wb": pa.PythonFile(_KillingFile(p), mode="w")  # this child only
                 _write_plan(path, batches, options, on_return=lambda i: os.write(write_end, bytes([i])))
                 os.write(write_end, b"c")
@@ -520,9 +540,10 @@ def _run_writer_kill(case: dict) -> adp.DataProto:
             got = adp_files.read_file(path, allow_pickle=True)
             expected = _expected(batches, returned)
             assert_dataproto_equal(expected if expected is not None else adp.DataProto(), got)
-            return got
+            return _seed_of(case)
         later = range(max(returned, default=-1) + 1, len(batches))
-        return _recovered_from(folder, _expected(batches, returned), [_expected(batches, returned + [i]) for i in later])
+        _recovered_from(folder, _expected(batches, returned), [_expected(batches, returned + [i]) for i in later])
+        return _seed_of(case)
 
 
 def _flip(payload: bytes, rng: random.Random) -> tuple[bytes, str]:
@@ -542,7 +563,7 @@ def _checksummed(dp: adp.DataProto, options: dict) -> bytes:
 
 
 def _verified_all(path: str, out: str) -> adp.DataProto:
-    with adp_files.open_file(path, verify=True, allow_pickle=True) as reader:
+    with adp_files.open_file(path, verify=True) as reader:
         reader.verify()
         return reader.read_all()
 
@@ -552,11 +573,14 @@ _HAVE_XXHASH = importlib.util.find_spec("xxhash") is not None
 
 def writer_targets() -> list[Target]:
     """The writer targets and the byte flips of checksummed files (see the comment above)."""
+    unpickled = tuple(s for s in SEEDS if s != "pickled")  # the writer reads back with allow_pickle: no refusal to see
     found = [
         Target("writer-fsize", encode=_writer_payload, decode=_run_writer_fsize,
-               mutate=lambda payload, rng, corpus, target: _mutate_writer(payload, rng, kill=False), stack=False),
+               mutate=lambda payload, rng, corpus, target: _mutate_writer(payload, rng, kill=False),
+               seeds=unpickled, stack=False),
         Target("writer-kill", encode=_writer_payload, decode=_run_writer_kill,
-               mutate=lambda payload, rng, corpus, target: _mutate_writer(payload, rng, kill=True), stack=False),
+               mutate=lambda payload, rng, corpus, target: _mutate_writer(payload, rng, kill=True),
+               seeds=unpickled, stack=False),
     ]
     if _HAVE_XXHASH:
         for suffix, options in (("", {}), ("-zstd", {"compression": "zstd"}), ("-portable", {"portable": True})):
@@ -564,6 +588,7 @@ def writer_targets() -> list[Target]:
                 f"file-flip{suffix}", encode=lambda dp, o=options: _checksummed(dp, o),
                 decode=lambda payload: _in_folder(payload, _verified_all),
                 mutate=lambda payload, rng, corpus, target: _flip(payload, rng), strict=True, stack=False,
+                seeds=unpickled,  # it would only be refused
             ))
     return found
 
