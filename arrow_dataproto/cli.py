@@ -137,7 +137,18 @@ def _meta_info_of(metadata: dict[str, str]) -> tuple[str | None, dict | None]:
     from ._objects import decode_meta_info
 
     encoding = metadata.get(META_INFO_ENCODING)
-    return encoding, None if encoding == "pickle" else decode_meta_info(metadata, allow_pickle=False)
+    return encoding, None if encoding == "pickle" else _shown(decode_meta_info(metadata, allow_pickle=False))
+
+
+def _shown(value: Any) -> Any:
+    """``value`` for JSON output: a tensor (in ``json+tensors`` meta_info) as ``"tensor(dtype, [shape])"``."""
+    if isinstance(value, dict):
+        return {k: _shown(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shown(v) for v in value]
+    if hasattr(value, "dtype") and hasattr(value, "shape") and not isinstance(value, (int, float, str)):
+        return f"tensor({str(value.dtype).removeprefix('torch.')}, {list(value.shape)})"
+    return value
 
 
 def describe(path: str | os.PathLike, *, stats: bool = False) -> dict:
