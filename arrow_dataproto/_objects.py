@@ -680,9 +680,9 @@ def encode_meta_info(meta_info: dict) -> dict[str, str]:
             return {META_INFO_ENCODING: "json", META_INFO: text}
     except (TypeError, ValueError, RecursionError):  # not JSON-serialisable
         pass
-    text = _json_with_tensors(meta_info)
-    if text is not None:
-        return {META_INFO_ENCODING: JSON_TENSORS, META_INFO: text}
+    tagged = _json_with_tensors(meta_info)
+    if tagged is not None:
+        return {META_INFO_ENCODING: JSON_TENSORS, META_INFO: tagged}
     try:
         blob = pickle.dumps(meta_info, protocol=5)
     except Exception as exc:

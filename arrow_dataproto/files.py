@@ -516,6 +516,8 @@ class FileWriter:
                 writer.write_batch(written, custom_metadata=custom)
                 index += 1
             written = self._form(batch)
+            if writer is None:  # (a rewrite follows a batch: there is one to rewrite)
+                writer = self._new_writer(sink, written.schema)
             writer.write_batch(written, custom_metadata=self._custom(written, index))
         except BaseException as e:
             self._schema_text = schema_text
