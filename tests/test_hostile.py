@@ -897,7 +897,7 @@ def test_meta_info_that_needs_pickle_is_named(tmp_path):
     dp = adp.DataProto.from_dict({"x": torch.arange(3)}, meta_info={"ok": torch.ones(1), "arr": np.arange(3), "t": (1, 2)})
     with pytest.warns(UserWarning, match="'arr', 't'"):
         files.write_file(tmp_path / "f.arrow", dp)
-    with pytest.raises(adp.PickleNotAllowedError, match=r"keys 'arr', 't'"):
+    with pytest.raises(adp.PickleNotAllowedError, match=r"keys .*'arr', 't'"):  # the tensor is pickled too here
         files.read_file(tmp_path / "f.arrow")
     assert_dataproto_equal(dp, files.read_file(tmp_path / "f.arrow", allow_pickle=True))
 
