@@ -329,7 +329,8 @@ class Target:
 # is in the final file or, when the writer failed or was killed, in what ``recover_file`` reads
 # from a partial file; a refused write leaves the partial files byte for byte as they were. A
 # loss is an AssertionError (``unexpected``: a finding); once the rule held they return the
-# seed (``exact``). ``file-flip``: one byte of a
+# seed (``exact``) when the writer finished, and report ``error:DecodeError`` when it failed or
+# was killed and everything was recovered. ``file-flip``: one byte of a
 # checksummed file (plain, zstd or portable) XORed with 1..255 anywhere (footer, schema,
 # message headers, padding, buffers): ``open_file(verify=True)``, ``verify()`` and
 # ``read_all`` must fail with the library's error or give the seed back exactly.
@@ -430,6 +431,13 @@ def _writer_payload(dp: adp.DataProto) -> dict:
     return {"batches": _evolving(dp), "sizes": {}, "options": {}, "limit": None}
 
 
+class _Cut(adp.DecodeError):
+    """Reported as ``error:DecodeError``: the writer failed (or was killed) and the rule held."""
+
+
+_Cut.__name__ = "DecodeError"
+
+
 def _seed_of(case: dict) -> adp.DataProto:
     """What a writer target returns once the rule held: the seed (its first batch without ``evolve``)."""
     first = case["batches"][0]
@@ -471,7 +479,7 @@ def _run_writer_fsize(case: dict) -> adp.DataProto:
         if os.path.exists(path):
             raise AssertionError("close failed, yet the target path was written")
         _recovered_from(folder, expected)
-        return _seed_of(case)
+        raise _Cut(f"the writer failed at {limit} bytes; recover_file gave back all {len(returned)} returned batch(es)")
 
 
 class _KillingFile:
@@ -543,7 +551,7 @@ def _run_writer_kill(case: dict) -> adp.DataProto:
             return _seed_of(case)
         later = range(max(returned, default=-1) + 1, len(batches))
         _recovered_from(folder, _expected(batches, returned), [_expected(batches, returned + [i]) for i in later])
-        return _seed_of(case)
+        raise _Cut(f"killed after {case['limit']} bytes; recover_file gave back all {len(returned)} returned batch(es)")
 
 
 def _flip(payload: bytes, rng: random.Random) -> tuple[bytes, str]:
