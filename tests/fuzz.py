@@ -451,7 +451,9 @@ def _mutate_writer(payload: dict, rng: random.Random, kill: bool) -> tuple[dict,
     if key not in payload["sizes"]:
         payload["sizes"][key] = _plan_size(payload["batches"], options)
     full = payload["sizes"][key]
-    limit = rng.randint(0, full + 2048) if rng.random() < 0.9 else rng.choice([0, 8, 64, full - 1, full, full + 1])
+    # a killed child writes the rewrite's bytes too: up to about twice the final size
+    top = 2 * full if kill else full
+    limit = rng.randint(0, top + 2048) if rng.random() < 0.9 else rng.choice([0, 8, 64, full - 1, full, full + 1, top + 1])
     case = {"batches": payload["batches"], "options": options, "limit": max(limit, 0)}
     at = "the end" if limit >= full else f"byte {limit} of {full}"
     return case, f"{'kill' if kill else 'rlimit-fsize'}: at {at}, {options}"
@@ -555,6 +557,8 @@ def _run_writer_kill(case: dict) -> adp.DataProto:
 
 
 def _flip(payload: bytes, rng: random.Random) -> tuple[bytes, str]:
+    if rng.random() < 0.125:  # a control: the file as written must read back exactly
+        return payload, "flip-control: none"
     at, mask = rng.randrange(len(payload)), rng.randint(1, 255)
     out = bytearray(payload)
     out[at] ^= mask
