@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     import torch
 
 FORMAT_NAME = "arrow-dataproto"
-FORMAT_VERSION = (1, 2)
+FORMAT_VERSION = (1, 3)
 """Major.minor. A reader accepts any minor of its own major and refuses other majors."""
 
 KEY_PREFIX = "adp."

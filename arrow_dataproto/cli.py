@@ -138,7 +138,18 @@ def _meta_info_of(metadata: dict[str, str]) -> tuple[str | None, dict | None]:
     from ._objects import decode_meta_info
 
     encoding = metadata.get(META_INFO_ENCODING)
-    return encoding, None if encoding == "pickle" else decode_meta_info(metadata, allow_pickle=False)
+    return encoding, None if encoding == "pickle" else _shown(decode_meta_info(metadata, allow_pickle=False))
+
+
+def _shown(value: Any) -> Any:
+    """``value`` for JSON output: a tensor (in ``json+tensors`` meta_info) as ``"tensor(dtype, [shape])"``."""
+    if isinstance(value, dict):
+        return {k: _shown(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shown(v) for v in value]
+    if hasattr(value, "dtype") and hasattr(value, "shape") and not isinstance(value, (int, float, str)):
+        return f"tensor({str(value.dtype).removeprefix('torch.')}, {list(value.shape)})"
+    return value
 
 
 def describe(path: str | os.PathLike, *, stats: bool = False) -> dict:
@@ -405,12 +416,16 @@ def head_table(path: str | os.PathLike, n: int = 5, start: int = 0, columns: lis
     hidden pickled columns)``; an array cell keeps its first ``most`` values (see :func:`_render`).
     Without ``allow_pickle`` pickled columns read as ``<pickled>`` and ``meta_info`` is not
     read: nothing is unpickled."""
+    from ._format import resolve_columns
     from .files import open_file
 
     with open_file(path, allow_pickle=allow_pickle) as reader:
         names = _head_columns(reader, columns)
         hidden = [] if allow_pickle else [c for c in names if c in reader.pickled_columns]
         first = slice(start, None).indices(reader.num_rows)[0]
+        if not reader.num_batches:  # the columns, and no rows (an unknown name is still refused)
+            resolve_columns(reader.columns, names, str(reader))
+            return names, [], [[] for _ in names], hidden
         data = reader.read_rows(first, first + n, [c for c in names if c not in hidden], meta_info=allow_pickle)
         infos = {c.name: c for c in reader.column_info()}
         count = min(n, reader.num_rows - first)

@@ -61,6 +61,7 @@ import json
 import mmap
 import os
 import secrets
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
@@ -91,6 +92,7 @@ from ._format import (
     META_INFO_ENCODING,
     OFFSETS_OF,
     PER_BATCH,
+    PORTABLE,
     ROW_SHAPE,
     Node,
     check_field_names,
@@ -104,7 +106,7 @@ from ._layout import StreamIndex as _StreamIndex
 from ._layout import header_codec as _header_codec
 from ._layout import message_header as _message_header
 from ._layout import scan_stream as _scan_stream
-from ._objects import JSON, OBJECT, PICKLE, decode_column, decode_meta_info, encode_as, json_type
+from ._objects import JSON, OBJECT, PICKLE, decode_column, decode_meta_info, encode_as, json_type, pickled_meta_keys
 from ._progress import progress_bar
 
 __all__ = [
@@ -222,7 +224,7 @@ class FileWriter:
     footer and renames it over ``PATH``, so ``PATH`` never holds a half-written file and a
     reader that has the old ``PATH`` open keeps reading the old file. Leaving the ``with``
     block by an exception deletes the partial file and leaves ``PATH`` untouched
-    (:meth:`abort`). A process killed while writing (or a writer never closed) leaves the
+    (:meth:`abort`), unless the writer itself failed (below): then the partial file stays. A process killed while writing (or a writer never closed) leaves the
     partial file behind: :func:`recover_file` reads its complete batches. A writer closed without any batch
     writes a valid file with no columns and no batches.
 
@@ -240,10 +242,13 @@ class FileWriter:
     :mod:`arrow_dataproto._checksum`, needs ``xxhash``), which ``open_file(verify=True)``,
     :meth:`FileReader.verify` and ``arrow-dataproto verify`` check.
 
-    A write that fails half-way (disk full, file-size limit) raises :class:`EncodeError`;
-    the partial file is cut back to its last complete batch and the writer refuses any
-    further use (:meth:`write` and :meth:`close` raise :class:`EncodeError`; ``PATH`` is
-    left as it was; :func:`recover_file` reads the complete batches of the partial file).
+    A write or close that fails half-way (disk full, file-size limit) raises
+    :class:`EncodeError`; the partial file is cut back to its last complete batch, kept, and
+    the writer refuses any further use (:meth:`write` and :meth:`close` raise
+    :class:`EncodeError`; ``PATH`` is left as it was; :func:`recover_file` reads the complete
+    batches of the partial file). So once :meth:`write` returns, its batch survives any later
+    failure of the writer; a batch refused (:class:`SchemaMismatchError`, or a promotion
+    rewrite that fails) changes nothing on disk and leaves the writer usable.
     """
 
     def __init__(
@@ -271,39 +276,76 @@ class FileWriter:
         self._done = False
         self._failed: str | None = None
         self._fields: dict[str, pa.Field] = {}
+        self._warned = False  # about a pickled meta_info
+        self._schema_text = ""  # the written schema, as checksums hash it (_checksum.schema_text)
         self.checksums = checksums
         self.portable = portable
         self.stream = stream
 
     def write(self, data: Any) -> None:
-        """Append one DataProto (ours or verl's) or TensorDict as the next batch."""
-        self._write(to_arrow(data, portable=self.portable))
+        """Append one DataProto (ours or verl's) or TensorDict as the next batch.
+
+        A ``meta_info`` that needs pickling (values neither JSON nor tensors) is written
+        pickled with a warning naming the keys: reading it back will need ``allow_pickle=True``."""
+        batch = to_arrow(data, portable=self.portable)
+        if (batch.schema.metadata or {}).get(META_INFO_ENCODING.encode()) == b"pickle" and not self._warned:
+            self._warned = True
+            keys = ", ".join(pickled_meta_keys(getattr(data, "meta_info", None) or {}))
+            warnings.warn(
+                f"{self.path}: meta_info key(s) {keys} need pickling (neither JSON nor tensors): "
+                "reading the file will need allow_pickle=True",
+                stacklevel=2,
+            )
+        self._write(batch)
 
     def _write(self, batch: pa.RecordBatch) -> None:
         """Append a RecordBatch of ours (either form); it is written in this writer's form.
-        The columns are compared and unified in the stored form (``self._schema``)."""
+        The columns are compared and unified in the stored form (``self._schema``).
+
+        Everything that can refuse the batch runs before a byte is written; a batch that
+        widens or promotes a column is written with the rewritten batches into a new partial
+        file, which replaces the old one only once complete (:meth:`_rewrite`)."""
         batch = _portable.from_portable(batch)
         if self._failed:
             raise EncodeError(self._failed)
         if self._done:
             raise DataProtoError(f"the writer of {self.path} is closed")
+        metadata = batch.schema.metadata or {}
+        if CHECKSUMS.encode() in metadata:  # a copied batch's record is of its old bytes
+            batch = batch.replace_schema_metadata({k: v for k, v in metadata.items() if k != CHECKSUMS.encode()})
         if self._writer is None or self._schema is None:
-            writer = self._start(batch.schema, self._form(batch).schema)
+            self._append(batch, first=True)
+            return
+        batch, targets = self._evolve(self._conform(batch))
+        expected = self._schema if not targets else self._unified_schema(targets)
+        differences = schema_difference(expected, batch.schema)
+        if differences:
+            raise SchemaMismatchError(
+                f"batch {self.num_batches} does not match the columns of {self.path}: " + "; ".join(differences)
+            )
+        if targets:
+            self._rewrite(targets, batch)
         else:
-            batch = self._evolve(self._conform(batch))
-            writer = self._writer
-            differences = schema_difference(self._schema, batch.schema)
-            if differences:
-                raise SchemaMismatchError(
-                    f"batch {self.num_batches} does not match the columns of {self.path}: " + "; ".join(differences)
-                )
-        batch = self._form(batch)
-        custom = dict(batch.schema.metadata or {})
+            self._append(batch)
+
+    def _custom(self, written: pa.RecordBatch, index: int) -> dict[bytes, bytes]:
+        """The custom metadata of batch ``index`` (written form): its schema metadata, and its
+        checksums if this writer records them."""
+        custom = dict(written.schema.metadata or {})
         if self.checksums:
-            custom[CHECKSUMS.encode()] = _checksum.checksums(batch).encode()
+            record = _checksum.checksums(written, index, self._schema_text)
+            custom[CHECKSUMS.encode()] = record.encode()
+        return custom
+
+    def _append(self, batch: pa.RecordBatch, first: bool = False) -> None:
+        """Write ``batch`` (stored form) at the end of the partial file; on an I/O error cut the
+        file back to its last complete batch and fail the writer (:meth:`_fail`)."""
+        written = self._form(batch)
         before = self._sink.tell()
         try:
-            writer.write_batch(batch, custom_metadata=custom)
+            if first:
+                self._start(batch.schema, written.schema)
+            self._writer.write_batch(written, custom_metadata=self._custom(written, self.num_batches))
         except (pa.ArrowException, OSError) as e:  # disk full, file-size limit...
             self._fail(before, f"cannot write batch {self.num_batches} to {self.path}: {e}")
             raise EncodeError(self._failed) from e
@@ -313,7 +355,8 @@ class FileWriter:
 
     def _fail(self, good_size: int, message: str) -> None:
         """After a failed write: cut the partial file back to its last complete batch (what
-        :func:`recover_file` reads) and refuse any further use of this writer."""
+        :func:`recover_file` reads) and refuse any further use of this writer; the partial file
+        is kept (:meth:`abort` does not delete it)."""
         self._failed = (
             f"{message}; the writer refuses further use: {self._partial} keeps the "
             f"{self.num_batches} complete batch(es) (recover_file reads them)"
@@ -333,7 +376,7 @@ class FileWriter:
                 schema, columns[i] = schema.set(i, expected), pa.nulls(len(columns[i]), expected.type)
         return batch if schema is batch.schema else pa.RecordBatch.from_arrays(columns, schema=schema)
 
-    def _evolve(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+    def _evolve(self, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, dict[str, pa.Field]]:
         """``batch`` with each column whose rows chose another Arrow type than the file's (object,
         json and pickle columns of one dtype and row shape) unified with the file's column, by
         the schema-evolution rule of ``docs/format.md``: the batch's values in the file's type
@@ -341,7 +384,8 @@ class FileWriter:
         type if the rows written so far come back exactly in it, or else JSON, rewriting the
         batches written so far (:meth:`_rewrite`). Raises :class:`SchemaMismatchError` when
         only pickling would hold the values and the file's column is not pickled already (a
-        reader would newly need ``allow_pickle=True``); nothing is written then."""
+        reader would newly need ``allow_pickle=True``). Writes nothing: returns the batch and the
+        columns whose file type changes (``{name: new field}``), which :meth:`_rewrite` rewrites."""
         targets: dict[str, pa.Field] = {}
         schema, columns = batch.schema, list(batch.columns)
         for i, field in enumerate(batch.schema):
@@ -352,9 +396,13 @@ class FileWriter:
             schema = schema.set(i, target)
             if not target.equals(expected, check_metadata=True):
                 targets[field.name] = target
-        if targets:
-            self._rewrite(targets)
-        return batch if schema is batch.schema else pa.RecordBatch.from_arrays(columns, schema=schema)
+        unified = batch if schema is batch.schema else pa.RecordBatch.from_arrays(columns, schema=schema)
+        return unified, targets
+
+    def _unified_schema(self, targets: dict[str, pa.Field]) -> pa.Schema:
+        """The file's schema (stored form) with the columns ``targets`` changed."""
+        assert self._schema is not None
+        return pa.schema([targets.get(f.name, f) for f in self._schema], metadata=self._schema.metadata)
 
     def _unified(self, field: pa.Field, column: pa.Array, expected: pa.Field) -> tuple[pa.Field, pa.Array]:
         """The field a column of a new batch and the file's ``expected`` unify to, and the
@@ -417,46 +465,70 @@ class FileWriter:
         for batch, _ in self._written_batches():
             yield decode_column(field.name, batch.column(field.name), meta, allow_pickle=False)
 
-    def _rewrite(self, targets: dict[str, pa.Field]) -> None:
-        """Rewrite the batches written so far into a new partial file whose columns ``targets``
-        take their new field (each old column decoded and encoded again), then continue in it.
-        Costs one read and one write of what was written (decompressing and compressing again
-        for a compressed file). On an error the new file is deleted and the writer is as it was."""
+    def _rewrite(self, targets: dict[str, pa.Field], batch: pa.RecordBatch) -> None:
+        """Write the batches written so far, with the columns ``targets`` taking their new field
+        (each old column decoded and encoded again), and then ``batch``, into a new partial file,
+        and continue in it. Costs one read and one write of what was written (decompressing and
+        compressing again for a compressed file).
+
+        The old partial file is deleted only once the new one holds every batch, ``batch``
+        included: a process killed meanwhile leaves the old one complete (:func:`recover_file`).
+        On an error (disk full, file-size limit) the new file is deleted and the writer is as it
+        was, ``batch`` not written (:class:`EncodeError`)."""
         assert self._schema is not None and self._writer is not None  # a batch was written
-        schema = pa.schema([targets.get(f.name, f) for f in self._schema], metadata=self._schema.metadata)
+        schema = self._unified_schema(targets)
         old_fields = dict(self._fields)
         partial = self.path.with_name(f"{self.path.name}.{secrets.token_hex(4)}.partial")
         sink = pa.OSFile(str(partial), "wb")
-        writer = None
+        writer, schema_text, index = None, self._schema_text, 0
         try:
-            for batch, custom in self._written_batches():
-                columns = list(batch.columns)
+            for old, custom in self._written_batches():
+                columns = list(old.columns)
                 for name, target in targets.items():
-                    i = batch.schema.get_field_index(name)
-                    old = decode_column(name, columns[i], text_metadata(old_fields[name].metadata), allow_pickle=False)
-                    columns[i] = encode_as(name, old, target)
-                batch = self._form(pa.RecordBatch.from_arrays(columns, schema=schema))
+                    i = old.schema.get_field_index(name)
+                    rows = decode_column(name, columns[i], text_metadata(old_fields[name].metadata), allow_pickle=False)
+                    columns[i] = encode_as(name, rows, target)
+                written = self._form(pa.RecordBatch.from_arrays(columns, schema=schema))
                 if writer is None:
-                    writer = self._new_writer(sink, batch.schema)
+                    writer = self._new_writer(sink, written.schema)
+                    self._schema_text = _checksum.schema_text(written.schema)
+                custom.pop(CHECKSUMS.encode(), None)
                 if self.checksums:
-                    custom[CHECKSUMS.encode()] = _checksum.checksums(batch).encode()
-                writer.write_batch(batch, custom_metadata=custom)
+                    custom[CHECKSUMS.encode()] = _checksum.checksums(written, index, self._schema_text).encode()
+                writer.write_batch(written, custom_metadata=custom)
+                index += 1
+            written = self._form(batch)
+            if writer is None:  # (a rewrite follows a batch: there is one to rewrite)
+                writer = self._new_writer(sink, written.schema)
+            writer.write_batch(written, custom_metadata=self._custom(written, index))
         except BaseException as e:
+            self._schema_text = schema_text
             sink.close()
             partial.unlink(missing_ok=True)
             if isinstance(e, (pa.ArrowException, OSError)):
-                raise EncodeError(f"cannot rewrite {self.path} with the unified columns {list(targets)}: {e}") from e
+                raise EncodeError(
+                    f"cannot rewrite {self.path} with the unified columns {list(targets)}: {e}; "
+                    f"batch {self.num_batches} was not written, the {self.num_batches} before it are kept"
+                ) from e
             raise
-        self._writer.close()
-        self._sink.close()
-        self._partial.unlink(missing_ok=True)
+        old_sink, old_writer, old_partial = self._sink, self._writer, self._partial
         self._partial, self._sink, self._writer = partial, sink, writer
         self._schema, self._fields = schema, dict(zip(schema.names, schema))
+        old_partial.unlink(missing_ok=True)
+        old_sink.close()
+        try:  # its sink is closed: nothing more is written (no footer), its resources are freed
+            old_writer.close()
+        except (pa.ArrowException, OSError, ValueError):
+            pass
+        self.num_batches += 1
+        self.num_rows += batch.num_rows
+        self._bar.update(self._sink.tell())
 
     def _start(self, schema: pa.Schema, written: pa.Schema) -> Any:
         """Begin the file: ``schema`` is the columns in the stored form, ``written`` in the form written."""
         self._schema = schema
         self._fields = dict(zip(schema.names, schema))
+        self._schema_text = _checksum.schema_text(written) if self.checksums else ""
         self._writer = self._new_writer(self._sink, written)
         return self._writer
 
@@ -465,34 +537,52 @@ class FileWriter:
 
         After a failed :meth:`write` it raises :class:`EncodeError` instead, and ``path`` is
         left as it was (the partial file keeps the complete batches, see :func:`recover_file`).
+        If the footer cannot be written (disk full, file-size limit) or the file cannot be
+        moved, the same: :class:`EncodeError` names the partial file, which keeps every batch.
         """
         if self._failed:
-            self._done = True
-            self._bar.close()
-            try:
-                self._sink.close()
-            except OSError:
-                pass
+            self._finish()
             raise EncodeError(self._failed)
         if self._done:
             return
+        before = self._sink.tell()
         try:
-            empty = to_arrow(DataProto())
-            writer = self._writer or self._start(empty.schema, self._form(empty).schema)
-            writer.close()
+            if self._writer is None:
+                empty = to_arrow(DataProto())
+                self._start(empty.schema, self._form(empty).schema)
+            self._writer.close()
             self._sink.close()
-            os.replace(self._partial, self.path)
         except (pa.ArrowException, OSError) as e:  # the footer could not be written (disk full...)
-            self.abort()
-            raise EncodeError(f"cannot finish {self.path}: {e}; the file was not written") from e
-        except BaseException:
-            self.abort()
-            raise
+            self._fail(before, f"cannot finish {self.path}: {e}; the file was not written")
+            self._finish()
+            raise EncodeError(self._failed) from e
+        try:
+            os.replace(self._partial, self.path)
+        except OSError as e:
+            self._failed = (
+                f"cannot move {self._partial} to {self.path}: {e}; {self.path} was not written, "
+                f"{self._partial} is complete (every batch, footer included: rename it)"
+            )
+            self._finish()
+            raise EncodeError(self._failed) from e
         self._done = True
         self._bar.close()
 
+    def _finish(self) -> None:
+        """Stop after a failure: close the partial file, which stays for :func:`recover_file`."""
+        self._done = True
+        self._bar.close()
+        try:
+            self._sink.close()
+        except OSError:
+            pass
+
     def abort(self) -> None:
-        """Stop writing and delete the partial file; ``path`` is left as it was."""
+        """Stop writing and delete the partial file; ``path`` is left as it was. After a failed
+        write or close the partial file is kept instead (it holds the complete batches)."""
+        if self._failed:
+            self._finish()
+            return
         self._done = True
         self._bar.close()
         self._sink.close()
@@ -924,6 +1014,13 @@ class FileReader(_Reader):
         self._probe_fields = None if self.compression is None or narrowest is None else [narrowest]
         self._max_decoded = _limits.limit(max_decoded_bytes, self.file_size)
         self._blocks: list[tuple[int, int, int]] | None = None if self._stream is None else self._stream.blocks
+        self._schema_text: str | None = None
+        if verify:
+            try:
+                self._check_footer()
+            except BaseException:
+                self.close()
+                raise
 
     def _open_ipc(self, fields: list[int] | None = None) -> pa.ipc.RecordBatchFileReader:
         """A fresh private copy-on-write mapping of the file, opened as an Arrow IPC file."""
@@ -1002,12 +1099,40 @@ class FileReader(_Reader):
         recorded = metadata.get(CHECKSUMS)
         if recorded is None:
             raise DecodeError(f"{self.path}: batch {i} has no checksums (written without checksums=True)")
-        return _checksum.verify(batch, recorded, f"{self.path}: batch {i}")
+        if self._schema_text is None:
+            self._schema_text = _checksum.schema_text(self.schema)
+        return _checksum.verify(batch, recorded, f"{self.path}: batch {i}", i, self._schema_text, metadata)
+
+    def _check_footer(self) -> None:
+        """Check what the footer of an IPC file says against the messages before it: the same
+        batches at the same places (none left out, none twice), the same schema as the file's
+        first message, the compression its batches use. Reads the message headers only. An IPC
+        stream file has no footer: its batches' checksums cover the schema."""
+        if self._stream is not None:
+            return
+        reader, data = self._open_mapped()
+        where = f"{self.path}: the footer"
+        try:
+            blocks = _limits.file_blocks(data)
+        except (pa.ArrowException, OSError, ValueError, IndexError) as e:
+            raise DecodeError(f"{where} is corrupt: {e}") from None
+        scanned = _scan_stream(data.slice(len(MAGIC) + 2), str(self.path))  # the magic is padded to 8 bytes
+        if [(offset - 8, meta, body) for offset, meta, body in blocks] != scanned.blocks:
+            raise DecodeError(f"{where} does not list the file's {len(scanned.blocks)} record batches as they lie")
+        if not scanned.schema.equals(self.schema, check_metadata=True):
+            raise DecodeError(f"{where}'s schema differs from the schema at the start of the file")
+        recorded = text_metadata(reader.metadata).get(COMPRESSION)
+        if recorded is not None and recorded != (scanned.compression or "none"):
+            raise DecodeError(f"{where} records compression {recorded!r}, its batches use {scanned.compression or 'none'!r}")
 
     def verify(self) -> int:
         """Check every buffer of every batch against the checksums written with it; returns the
         number of buffers checked. :class:`DecodeError` names the batch, column and buffer that
-        differ, or a batch written without checksums. Reads (and decompresses) the whole file."""
+        differ, or a batch written without checksums. Also checks what lies outside the buffers:
+        each batch's lengths, place, row count and metadata and the file's schema (files written
+        since format 1.3) and the footer against the file's messages. Reads (and decompresses)
+        the whole file."""
+        self._check_footer()
         checked = 0
         for i in range(self.num_batches):
             batch, metadata = self._read([i], None)[0]
@@ -1096,6 +1221,17 @@ def read_file(path: str | os.PathLike, columns: Iterable[str] | None = None, **o
         return reader.read_all(columns)
 
 
+def _stored_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` in the stored form: a portable file's columns as their stored types, without
+    ``adp.portable`` (what :func:`_portable.from_portable` makes of its batches)."""
+    if _foreign.is_foreign(schema) or PORTABLE.encode() not in (schema.metadata or {}):
+        return schema
+    try:
+        return _portable.from_portable(pa.RecordBatch.from_pylist([], schema=schema)).schema
+    except (pa.ArrowException, ValueError, TypeError) as e:  # DecodeError is a ValueError
+        raise DecodeError(f"a portable schema that has no stored form: {e}") from e
+
+
 class DatasetReader(_Reader):
     """Several Arrow files with the same columns read as one; made by :func:`open_dataset`.
 
@@ -1128,8 +1264,9 @@ class DatasetReader(_Reader):
                     )
                 )
             first = self.files[0]
-            for other in self.files[1:]:
-                differences = schema_difference(first.schema, other.schema)
+            stored = _stored_schema(first.schema)
+            for other in self.files[1:]:  # compared in the stored form, as FileWriter compares batches
+                differences = schema_difference(stored, _stored_schema(other.schema))
                 if differences:
                     raise SchemaMismatchError(
                         f"{other.path} does not match the columns of {first.path}: " + "; ".join(differences)
@@ -1182,7 +1319,8 @@ def open_dataset(paths: str | os.PathLike | Iterable[str | os.PathLike], **optio
     """Open several files as one: a folder (its ``*.arrow`` files, sorted by name) or a list of paths.
 
     Every file must have the columns of the first (:class:`SchemaMismatchError` names
-    the file and the differences). ``options`` as in :func:`open_file`. For Arrow-level
+    the file and the differences), compared in the stored form as :class:`FileWriter` compares
+    batches: portable and stored files (and IPC stream files) of the same batches mix. ``options`` as in :func:`open_file`. For Arrow-level
     filtering and scans, :meth:`~DatasetReader.arrow_dataset` gives a ``pyarrow.dataset``.
     """
     if isinstance(paths, (str, os.PathLike)) and Path(paths).is_dir():
@@ -1199,8 +1337,9 @@ def open_dataset(paths: str | os.PathLike | Iterable[str | os.PathLike], **optio
 
 def _write_all(batches: Iterable[tuple[pa.RecordBatch, dict[str, str]]], out: str | os.PathLike, compression: str | None, **options: bool) -> FileWriter:
     """Write ``(batch, schema metadata)`` pairs as they are (nothing decoded) into a new file ``out``;
-    on an error the partial file is deleted and ``out`` left as it was. Returns the closed writer.
-    ``options``: ``portable`` and ``stream`` of :class:`FileWriter`."""
+    on an error the partial file is deleted and ``out`` left as it was. Returns the writer, to close.
+    ``options``: ``portable``, ``stream`` and ``checksums`` of :class:`FileWriter` (a source
+    batch's checksums are never carried over: they are of its old bytes)."""
     writer = FileWriter(out, compression=compression, **options)
     try:
         for batch, metadata in batches:
@@ -1219,9 +1358,13 @@ def copy_file(
     max_decoded_bytes: int | str | None = "auto",
     portable: bool = False,
     stream: bool = False,
+    checksums: bool | None = None,
 ) -> int:
     """Copy a complete file batch by batch into ``out`` with another ``compression``; returns
     the batch count.
+
+    ``checksums``: record checksums in ``out`` (of its own bytes, see :class:`FileWriter`);
+    ``None`` (the default): if the source has them (its first batch does).
 
     Works on the Arrow data: nothing is decoded, so pickled columns are copied without
     being unpickled (each batch still passes Arrow's full validation first). ``out`` may be
@@ -1231,8 +1374,10 @@ def copy_file(
     file whose writer did not finish, see :func:`recover_file`.
     """
     with open_file(path, max_decoded_bytes=max_decoded_bytes) as reader:
+        if checksums is None:
+            checksums = bool(reader.num_batches) and CHECKSUMS in reader._metadata(0)
         batches = (reader._read([i], None)[0] for i in range(reader.num_batches))
-        writer = _write_all(batches, out, compression, portable=portable, stream=stream)
+        writer = _write_all(batches, out, compression, portable=portable, stream=stream, checksums=checksums)
     writer.close()
     return writer.num_batches
 
@@ -1243,6 +1388,7 @@ def recover_file(
     *,
     compression: str | None = None,
     max_decoded_bytes: int | str | None = "auto",
+    checksums: bool | None = None,
 ) -> int:
     """Copy the complete batches of a file whose writer did not finish into a valid file ``out``.
 
@@ -1253,7 +1399,8 @@ def recover_file(
     the number of batches copied (bytes are copied once; compressed input is
     decompressed, within ``max_decoded_bytes`` as in :func:`open_file`; ``out`` uses
     ``compression``). Works on complete files too (a copy). ``out`` may be ``path``
-    itself. Raises :class:`DecodeError` if ``path`` holds no complete batch or is not a
+    itself. ``checksums`` as in :func:`copy_file` (``None``: if the first complete batch has
+    them). Raises :class:`DecodeError` if ``path`` holds no complete batch or is not a
     regular file.
     """
     source = Path(path)
@@ -1299,7 +1446,11 @@ def recover_file(
             count += 1
             yield batch, custom or fallback
 
-    writer = _write_all(complete_batches(), out, compression)
+    batches = complete_batches()
+    first = next(batches, None)
+    if checksums is None:
+        checksums = first is not None and CHECKSUMS.encode() in (first[1] or {})
+    writer = _write_all(itertools.chain([] if first is None else [first], batches), out, compression, checksums=checksums)
     if not writer.num_batches:
         writer.abort()
         raise DecodeError(f"{source}: no complete batch before the end of the file")

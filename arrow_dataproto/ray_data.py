@@ -47,8 +47,9 @@ from ray.data.datasource import Datasource, ReadTask
 from ._codec import to_arrow
 from ._container import DataProto
 from ._decoding import from_arrow
-from ._format import resolve_columns
+from ._format import PORTABLE, resolve_columns
 from ._limits import MaxDecoded
+from ._portable import from_portable, to_portable
 from .errors import ArgumentTypeError
 from .files import open_dataset, open_file
 
@@ -75,6 +76,8 @@ class DataProtoDatasource(Datasource):
         super().__init__()
         with open_dataset(paths, max_decoded_bytes=max_decoded_bytes) as dataset:
             self._columns = list(dataset.columns)
+            # a dataset may mix portable and stored files: every block takes the first file's form
+            self._portable = PORTABLE.encode() in (dataset.schema.metadata or {})
             # checks the names now (ColumnNotFoundError); a nested TensorDict's name selects its leaves
             self._selected = None if columns is None else resolve_columns(self._columns, columns, str(dataset))
             self._batches = []  # (path, batch index, rows, estimated bytes: the file's size pro rata)
@@ -106,10 +109,11 @@ class DataProtoDatasource(Datasource):
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None) -> list[ReadTask]:
         columns, max_decoded_bytes, verify = self._read_columns(), self._max_decoded_bytes, self._verify
+        form = to_portable if self._portable else from_portable
 
         def read(path: str, i: int) -> list[pa.Table]:
             with open_file(path, max_decoded_bytes=max_decoded_bytes, verify=verify) as reader:
-                return [pa.Table.from_batches([reader.read_arrow(i, columns)])]
+                return [pa.Table.from_batches([form(reader.read_arrow(i, columns))])]
 
         return [
             ReadTask(
@@ -142,8 +146,10 @@ def read_files(
     unless given, ``override_num_blocks`` is the number of record batches, so that Ray
     does not split them.
 
-    Blocks are the stored record batches (see the module docstring); use
-    :func:`to_dataproto` in ``map_batches(..., batch_format="pyarrow")``.
+    Blocks are the stored record batches (see the module docstring), in the form of the first
+    file (portable or not: a dataset may mix both, as :func:`~arrow_dataproto.files.open_dataset`
+    compares them in the stored form); use :func:`to_dataproto` in
+    ``map_batches(..., batch_format="pyarrow")``.
     """
     datasource = DataProtoDatasource(paths, columns=columns, max_decoded_bytes=max_decoded_bytes, verify=verify)
     read_args.setdefault("override_num_blocks", max(datasource.num_batches, 1))

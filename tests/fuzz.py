@@ -40,6 +40,16 @@ reported with the input that caused it. Targets:
     one column's: kind, dtype, shape, row shape, ragged_idx, device) was edited, or
     whose columns or attrs were dropped: what parquet hands back is believed no more
     than IPC metadata.
+``writer-fsize``, ``writer-kill``
+    a ``FileWriter`` writing a plan of four batches (a promotion rewrite at the second, a
+    refused third) under an ``RLIMIT_FSIZE`` drawn anywhere up to past the final size, or in
+    a forked child that SIGKILLs itself after a drawn number of bytes: a batch whose write
+    returned and is in neither the file nor what ``recover_file`` reads from a partial file,
+    or a refused write that changed a partial file, is a finding (``unexpected:AssertionError``).
+``file-flip``, ``file-flip-zstd``, ``file-flip-portable``
+    one byte anywhere in a checksummed file XORed with 1..255, read with ``verify=True``,
+    ``verify()`` and ``read_all``: strict, so a decode that differs from the seed is a finding
+    (``silent:wrong-values``) -- every flip must be detected or harmless.
 
 Mutations: bit flips, interesting bytes and integers (biased towards the
 flatbuffer metadata), truncation, deletion, insertion and splices from other
@@ -291,13 +301,308 @@ def _decode_frame(frame) -> adp.DataProto:
 
 @dataclass(frozen=True)
 class Target:
-    """A decoder under test: how a seed becomes a payload, how a payload is decoded and mutated."""
+    """A decoder under test: how a seed becomes a payload, how a payload is decoded and mutated.
+
+    ``strict``: a decode that differs from the seed is a finding (``silent``), not ``valid``
+    (a checksummed file: every flipped byte must be detected or harmless). ``stack``: whether
+    more byte or state mutations may follow the target's own (not for the writer targets,
+    whose payload is a plan, nor for the single-byte flips)."""
 
     name: str
     encode: Callable[[adp.DataProto], Any]
     decode: Callable[[Any], adp.DataProto]
     mutate: Callable[[Any, random.Random, "Corpus", "Target"], tuple[Any, str]]
     seeds: tuple[str, ...] = tuple(SEEDS)
+    strict: bool = False
+    stack: bool = True
+
+
+# ---------------------------------------------------------------- writer and integrity targets
+#
+# ``writer-fsize``: a FileWriter writes a plan of batches (the seed four times, with an object
+# column whose rows promote it to JSON at the second batch, a refused batch of tuples at the
+# third and JSON-compatible strings at the fourth) under an RLIMIT_FSIZE drawn anywhere between
+# 0 and past the final size, so that the limit hits every call: the first write, a plain
+# write, the promotion rewrite, close. ``writer-kill``: the same plan in a forked child that
+# SIGKILLs itself once it has written a drawn number of bytes (during the promotion rewrite
+# in about half the cases). Both check the rule of issue 19: every batch whose write returned
+# is in the final file or, when the writer failed or was killed, in what ``recover_file`` reads
+# from a partial file; a refused write leaves the partial files byte for byte as they were. A
+# loss is an AssertionError (``unexpected``: a finding); once the rule held they return the
+# seed (``exact``) when the writer finished, and report ``error:DecodeError`` when it failed or
+# was killed and everything was recovered. ``file-flip``: one byte of a
+# checksummed file (plain, zstd or portable) XORed with 1..255 anywhere (footer, schema,
+# message headers, padding, buffers): ``open_file(verify=True)``, ``verify()`` and
+# ``read_all`` must fail with the library's error or give the seed back exactly.
+
+
+def _evolving(dp: adp.DataProto) -> list[adp.DataProto]:
+    """The writer plan of a seed: four batches whose ``evolve`` column is promoted, refused, kept."""
+    n = len(dp)
+
+    def column(make: Callable[[int], Any]) -> np.ndarray:
+        out = np.empty(n, dtype=object)
+        for i in range(n):
+            out[i] = make(i)
+        return out
+
+    values = [column(lambda i: i), column(lambda i: {"k": i}), column(lambda i: (i, i)), column(lambda i: f"s{i}")]
+    return [adp.DataProto(dp.batch, {**dp.non_tensor_batch, "evolve": v}, dp.meta_info) for v in values]
+
+
+def _plan_size(batches: list[adp.DataProto], options: dict) -> int:
+    """The final file's size of the plan without a limit (the limits are drawn up to past it)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "plan.arrow")
+        _write_plan(path, batches, options)
+        return os.path.getsize(path)
+
+
+def _write_plan(path: str, batches: list[adp.DataProto], options: dict, on_return: Callable[[int], None] | None = None):
+    """Write ``batches`` with a FileWriter of ``options``; returns (indices whose write returned,
+    refused indices with the partial files' bytes before and after, whether close returned)."""
+    returned: list[int] = []
+    refusals: list[tuple[int, dict, dict]] = []
+    folder = os.path.dirname(path)
+
+    def partials() -> dict[str, bytes]:
+        return {name: Path(folder, name).read_bytes() for name in sorted(os.listdir(folder)) if name.endswith(".partial")}
+
+    writer = adp_files.FileWriter(path, **options)
+    failed = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i, dp in enumerate(batches):
+            before = partials()
+            try:
+                writer.write(dp)
+            except (adp.EncodeError, adp.SchemaMismatchError):
+                refusals.append((i, before, partials()))
+                if writer._failed:
+                    failed = True
+                    break
+                continue
+            returned.append(i)
+            if on_return is not None:
+                on_return(i)
+    closed = False
+    if not failed:
+        try:
+            writer.close()
+            closed = True
+        except adp.EncodeError:
+            pass
+    return returned, refusals, closed
+
+
+def _expected(batches: list[adp.DataProto], returned: list[int]) -> adp.DataProto | None:
+    return adp.DataProto.concat([batches[i] for i in returned]) if returned else None
+
+
+def _recovered_from(folder: str, expected: adp.DataProto | None, also: list[adp.DataProto] = ()) -> adp.DataProto:
+    """What some partial file in ``folder`` recovers, which must be ``expected`` (or one of ``also``:
+    with a batch whose write was cut by a kill before it returned)."""
+    partials = sorted(p for p in os.listdir(folder) if p.endswith(".partial"))
+    tried = []
+    for name in partials:
+        out = os.path.join(folder, "recovered.arrow")
+        try:
+            adp_files.recover_file(os.path.join(folder, name), out)
+            got = adp_files.read_file(out, allow_pickle=True)
+        except adp.DecodeError as e:
+            tried.append(f"{name}: {e}"[:200])
+            continue
+        for want in (expected, *also):
+            if want is None:
+                continue
+            try:
+                assert_dataproto_equal(want, got)
+                return got
+            except AssertionError:
+                pass
+        tried.append(f"{name}: recovers {len(got)} rows")
+    if expected is None:
+        return adp.DataProto()
+    raise AssertionError(f"data loss: no partial file recovers the {len(expected)} rows written; {tried}")
+
+
+def _writer_payload(dp: adp.DataProto) -> dict:
+    """The unmutated case: the plan without a limit (``sizes`` caches the plan's file sizes)."""
+    return {"batches": _evolving(dp), "sizes": {}, "options": {}, "limit": None}
+
+
+class _Cut(adp.DecodeError):
+    """Reported as ``error:DecodeError``: the writer failed (or was killed) and the rule held."""
+
+
+_Cut.__name__ = "DecodeError"
+
+
+def _seed_of(case: dict) -> adp.DataProto:
+    """What a writer target returns once the rule held: the seed (its first batch without ``evolve``)."""
+    first = case["batches"][0]
+    return adp.DataProto(first.batch, {k: v for k, v in first.non_tensor_batch.items() if k != "evolve"}, first.meta_info)
+
+
+def _mutate_writer(payload: dict, rng: random.Random, kill: bool) -> tuple[dict, str]:
+    options = {"compression": rng.choice([None, "zstd"]), "checksums": rng.random() < 0.5 and _HAVE_XXHASH,
+               "portable": rng.random() < 0.25}
+    key = tuple(sorted(options.items()))
+    if key not in payload["sizes"]:
+        payload["sizes"][key] = _plan_size(payload["batches"], options)
+    full = payload["sizes"][key]
+    # a killed child writes the rewrite's bytes too: up to about twice the final size
+    top = 2 * full if kill else full
+    limit = rng.randint(0, top + 2048) if rng.random() < 0.9 else rng.choice([0, 8, 64, full - 1, full, full + 1, top + 1])
+    case = {"batches": payload["batches"], "options": options, "limit": max(limit, 0)}
+    at = "the end" if limit >= full else f"byte {limit} of {full}"
+    return case, f"{'kill' if kill else 'rlimit-fsize'}: at {at}, {options}"
+
+
+def _run_writer_fsize(case: dict) -> adp.DataProto:
+    batches, options, limit = case["batches"], case["options"], case["limit"]
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "out.arrow")
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        if limit is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+        try:
+            returned, refusals, closed = _write_plan(path, batches, options)
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        for i, before, after in refusals:
+            if before != after:
+                raise AssertionError(f"the refused batch {i} changed the partial files: {list(before)} -> {list(after)}")
+        expected = _expected(batches, returned)
+        if closed:
+            got = adp_files.read_file(path, allow_pickle=True)
+            assert_dataproto_equal(expected if expected is not None else adp.DataProto(), got)
+            return _seed_of(case)
+        if os.path.exists(path):
+            raise AssertionError("close failed, yet the target path was written")
+        _recovered_from(folder, expected)
+        raise _Cut(f"the writer failed at {limit} bytes; recover_file gave back all {len(returned)} returned batch(es)")
+
+
+class _KillingFile:
+    """A binary file that SIGKILLs its process once ``budget`` bytes were written to all of them."""
+
+    written = 0
+    budget = 0
+
+    def __init__(self, path: str, mode: str = "wb"):
+        self.file = open(path, "wb", buffering=0)  # unbuffered: the writer reads its partial file back
+        self.closed = False
+
+    def write(self, data) -> int:
+        n = len(memoryview(data).cast("B"))
+        if _KillingFile.written + n > _KillingFile.budget:
+            keep = _KillingFile.budget - _KillingFile.written
+            self.file.write(memoryview(data).cast("B")[:keep])
+            self.file.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        _KillingFile.written += n
+        return self.file.write(data)
+
+    def tell(self) -> int:
+        return self.file.tell()
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def close(self) -> None:
+        self.closed = True
+        self.file.close()
+
+    def writable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return False
+
+    def seekable(self) -> bool:
+        return False
+
+
+def _run_writer_kill(case: dict) -> adp.DataProto:
+    batches, options = case["batches"], case["options"]
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "out.arrow")
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: write until killed
+            try:
+                os.close(read_end)
+                _KillingFile.budget = 2**62 if case["limit"] is None else case["limit"]
+                adp_files.pa.OSFile = lambda p, mode="wb": pa.PythonFile(_KillingFile(p), mode="w")  # this child only
+                _write_plan(path, batches, options, on_return=lambda i: os.write(write_end, bytes([i])))
+                os.write(write_end, b"c")
+            finally:
+                os._exit(0)
+        os.close(write_end)
+        report = b""
+        while chunk := os.read(read_end, 64):
+            report += chunk
+        os.close(read_end)
+        os.waitpid(pid, 0)
+        returned = [b for b in report if b != ord("c")]
+        if report.endswith(b"c") and os.path.exists(path):  # finished: the file has every returned batch
+            got = adp_files.read_file(path, allow_pickle=True)
+            expected = _expected(batches, returned)
+            assert_dataproto_equal(expected if expected is not None else adp.DataProto(), got)
+            return _seed_of(case)
+        later = range(max(returned, default=-1) + 1, len(batches))
+        _recovered_from(folder, _expected(batches, returned), [_expected(batches, returned + [i]) for i in later])
+        raise _Cut(f"killed after {case['limit']} bytes; recover_file gave back all {len(returned)} returned batch(es)")
+
+
+def _flip(payload: bytes, rng: random.Random) -> tuple[bytes, str]:
+    if rng.random() < 0.125:  # a control: the file as written must read back exactly
+        return payload, "flip-control: none"
+    at, mask = rng.randrange(len(payload)), rng.randint(1, 255)
+    out = bytearray(payload)
+    out[at] ^= mask
+    return bytes(out), f"flip: byte {at} of {len(payload)} ^= {mask:#04x}"
+
+
+def _checksummed(dp: adp.DataProto, options: dict) -> bytes:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "seed.arrow")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            adp_files.write_file(path, dp.array_split(min(2, len(dp))), checksums=True, **options)
+        return Path(path).read_bytes()
+
+
+def _verified_all(path: str, out: str) -> adp.DataProto:
+    with adp_files.open_file(path, verify=True) as reader:
+        reader.verify()
+        return reader.read_all()
+
+
+_HAVE_XXHASH = importlib.util.find_spec("xxhash") is not None
+
+
+def writer_targets() -> list[Target]:
+    """The writer targets and the byte flips of checksummed files (see the comment above)."""
+    unpickled = tuple(s for s in SEEDS if s != "pickled")  # the writer reads back with allow_pickle: no refusal to see
+    found = [
+        Target("writer-fsize", encode=_writer_payload, decode=_run_writer_fsize,
+               mutate=lambda payload, rng, corpus, target: _mutate_writer(payload, rng, kill=False),
+               seeds=unpickled, stack=False),
+        Target("writer-kill", encode=_writer_payload, decode=_run_writer_kill,
+               mutate=lambda payload, rng, corpus, target: _mutate_writer(payload, rng, kill=True),
+               seeds=unpickled, stack=False),
+    ]
+    if _HAVE_XXHASH:
+        for suffix, options in (("", {}), ("-zstd", {"compression": "zstd"}), ("-portable", {"portable": True})):
+            found.append(Target(
+                f"file-flip{suffix}", encode=lambda dp, o=options: _checksummed(dp, o),
+                decode=lambda payload: _in_folder(payload, _verified_all),
+                mutate=lambda payload, rng, corpus, target: _flip(payload, rng), strict=True, stack=False,
+                seeds=unpickled,  # it would only be refused
+            ))
+    return found
 
 
 def _ipc_target(compression: str | None) -> Target:
@@ -383,6 +688,7 @@ def targets() -> dict[str, Target]:
             mutate=lambda payload, rng, corpus, target: _mutate_stream(payload, rng, corpus, target, None),
         )
     )
+    found += writer_targets()
     return {t.name: t for t in found}
 
 
@@ -909,7 +1215,7 @@ def make_case(number: int, base_seed: int, corpus: Corpus) -> Case:
     payload = corpus.payloads[target.name, seed]
     payload, desc = target.mutate(payload, rng, corpus, target)
     descs = [desc]
-    for _ in range(rng.choice([0, 0, 0, 1, 2])):  # stacked mutations: structural ones need a valid payload
+    for _ in range(rng.choice([0, 0, 0, 1, 2]) if target.stack else 0):  # stacked: structural ones need a valid payload
         if isinstance(payload, bytes):
             payload, desc = _mutate_bytes(payload, rng, corpus.donor(target, rng))
         elif target.name == "pandas":
@@ -939,8 +1245,9 @@ def check_case(target: Target, original: adp.DataProto, payload: Any) -> tuple[s
     try:
         assert_dataproto_equal(original, decoded)
         return "exact", ""
-    except Exception:  # noqa: BLE001 -- not equal (or not even comparable): judged by the check below
-        pass
+    except Exception as e:  # noqa: BLE001 -- not equal (or not even comparable): judged by the check below
+        if target.strict:  # a checksummed file read back as something else, unnoticed
+            return "silent:wrong-values", str(e)[:2000]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -12,7 +12,8 @@ Each DataProto of :data:`GOLDEN` is written three ways (``V`` is the format vers
 - ``golden-vV-<name>.arrows``: an Arrow IPC stream (``to_ipc``);
 - ``golden-vV-<name>.pkl``: ``pickle.dumps(dp, protocol=5)`` without a ``buffer_callback``,
   so the Arrow buffers are inline (what a plain pickle or ``torch.save`` of a DataProto holds);
-- ``golden-vV-<name>.arrow``: an Arrow file of two batches (``files.write_file`` of ``dp.array_split(2)``).
+- ``golden-vV-<name>.arrow``: an Arrow file of two batches (``files.write_file`` of ``dp.array_split(2)``;
+  since 1.3 with ``checksums=True``, so that every later reader verifies them too).
 
 ``golden-vV.json`` records the format version, the library and dependency versions that
 wrote the files, and each file's size and SHA-256.
@@ -130,11 +131,25 @@ def json_dataproto() -> adp.DataProto:
     return adp.DataProto(td, non_tensor, {"metrics": [{"reward/mean": 0.5}], "global_steps": 3})
 
 
+def meta_tensors_dataproto() -> adp.DataProto:
+    """Since 1.3: tensors in meta_info (``json+tensors``): bfloat16 with a NaN, bool, a 0-d
+    int64, an empty 2-D float32, complex64, inside dicts and lists."""
+    td = TensorDict({"ids": torch.arange(6).view(3, 2)}, batch_size=[3])
+    meta = {
+        "temperature": 0.7,
+        "ref": torch.tensor([1.5, float("nan"), -0.0], dtype=torch.bfloat16),
+        "stats": {"mask": torch.tensor([True, False]), "step": torch.tensor(7)},
+        "list": [torch.zeros(2, 0), torch.tensor([1 + 2j], dtype=torch.complex64), "text"],
+    }
+    return adp.DataProto(td, {"uid": np.array(["a", "b", "c"])}, meta)
+
+
 GOLDEN = {
     "sample": lambda: sample_dataproto(seed=1234),
     "kinds": kinds_dataproto,
     "pickled": pickled_dataproto,
     "json": json_dataproto,
+    "meta_tensors": meta_tensors_dataproto,
 }
 """The golden DataProtos by name; each builder is deterministic."""
 
@@ -154,7 +169,7 @@ def write(out: Path = DATA) -> dict:
         paths += [out / f"{stem}-{name}.{ext}" for ext in ("arrows", "pkl", "arrow")]
         paths[-3].write_bytes(adp.to_ipc(dp).to_pybytes())
         paths[-2].write_bytes(pickle.dumps(dp, protocol=5))
-        files.write_file(paths[-1], dp.array_split(2))
+        files.write_file(paths[-1], dp.array_split(2), checksums=adp.FORMAT_VERSION >= (1, 3))
     manifest = {
         "format_version": "%d.%d" % adp.FORMAT_VERSION,
         "written_by": {

@@ -119,6 +119,8 @@ def strict_equal(a, b) -> bool:
         return list(a) == list(b) and all(strict_equal(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(strict_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):  # tensors in meta_info: dtype, shape, device and bits
+        return a.dtype == b.dtype and a.shape == b.shape and a.device == b.device and _same_bits(a, b)
     if isinstance(a, np.ndarray):
         return a.dtype == b.dtype and a.shape == b.shape and (
             all(strict_equal(x, y) for x, y in zip(a.ravel(), b.ravel())) if a.dtype == object
