@@ -94,6 +94,6 @@ def from_ipc(
     """
     batches = read_stream(buffer, max_decoded_bytes)
     if len(batches) > 1 and _foreign.is_foreign(batches[0].schema):  # one rule over all the rows
-        return from_arrow(pa.Table.from_batches(batches), columns=columns, device=device, copy=copy)
+        return from_arrow(pa.Table.from_batches(batches), columns=columns, device=device, copy=copy, allow_pickle=allow_pickle)
     parts = [from_arrow(b, columns=columns, device=device, copy=copy, allow_pickle=allow_pickle) for b in batches]
     return parts[0] if len(parts) == 1 else DataProto.concat(parts, meta_info="update")
