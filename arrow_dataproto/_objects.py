@@ -72,7 +72,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import _limits
-from ._format import ARRAY_KINDS, KIND, META_INFO, META_INFO_ENCODING, ArraySpec, text_metadata
+from ._format import ARRAY_KINDS, KIND, MAX_NESTING, META_INFO, META_INFO_ENCODING, ArraySpec, text_metadata
 from .errors import DecodeError, EncodeError, PickleNotAllowedError, column_error
 
 NUMERIC, STRING, OBJECT, JSON, PICKLE = ARRAY_KINDS
@@ -233,6 +233,9 @@ JSON_MAX_DEPTH = 200
 """Rows nested deeper than this (lists and dicts in lists and dicts) are pickled, not JSON."""
 _INT64 = (-(2**63), 2**63 - 1)
 _JSON_TYPES = frozenset({type(None), bool, int, float, str, list, dict})
+_NATIVE_TYPES = _JSON_TYPES | {bytes}
+"""What a native object column may hold: :meth:`Object.encode` gives any other type (a
+tuple, a subclass) back as another, so it does not try."""
 _LONG_DIGITS = re.compile(rb"\d{19}")
 """19 digits in a row: an int at the int64 bounds or beyond (orjson writes up to 2**64 - 1)."""
 
@@ -285,27 +288,27 @@ def _is_json_leaf(value: Any, kind: type) -> bool:
     return kind is float and value - value == 0.0
 
 
-def _json_census(rows: list) -> int | None:
-    """Every value of ``rows`` (one level of nesting at a time, through ``gc.get_referents``:
-    the items of lists, the values of dicts, and the keys of a dict only when one is not an
-    exact ``str``, which is exactly when CPython's dict visits its keys) is of an exact JSON
-    type, at most :data:`JSON_MAX_DEPTH` containers deep. Returns the number of ``None``
-    values inside the rows (a NaN or an infinity is written ``null`` by orjson: more
-    ``null`` in the text than this means one may be there), or None when a type or the depth
-    rules the column out. Int ranges and float finiteness are for the text to tell."""
+def _census(rows: list, types: frozenset[type], depth: int) -> int | None:
+    """Whether every value of ``rows`` is of one of ``types`` (exact types) and no row holds
+    lists and dicts more than ``depth`` deep (a row that is a list: 1). One level of
+    nesting at a time, through ``gc.get_referents`` (the items of lists, the values of
+    dicts, and their keys only when one is not an exact ``str``, which is exactly when
+    CPython's dict visits its keys): C speed, no recursion, and no other object is
+    entered. Returns the number of ``None`` values inside the rows, or None when a type or
+    the depth rules the column out."""
     level, nones = rows, 0
-    for depth in range(1, JSON_MAX_DEPTH + 2):
+    for position in range(1, depth + 2):
         kinds = set(map(type, level))
-        if not kinds <= _JSON_TYPES:
+        if not kinds <= types:
             return None
-        if depth > 1:
+        if position > 1:
             nones += level.count(None)  # exact builtin types only: no user __eq__ runs
         if list not in kinds and dict not in kinds:
             return nones
-        if depth > JSON_MAX_DEPTH:
+        if position > depth:
             return None
         level = gc.get_referents(*level)  # the items of this level's containers (others have none)
-    return None  # unreachable: the loop returns at JSON_MAX_DEPTH + 1
+    return None  # unreachable: the loop returns at position depth + 1
 
 
 def _json_texts(rows: list) -> list[bytes] | None:
@@ -313,11 +316,11 @@ def _json_texts(rows: list) -> list[bytes] | None:
     row is not JSON (:func:`_is_json`).
 
     orjson writes the text; it refuses non-``str`` keys, ints beyond 64 bits and surrogates,
-    and :func:`_json_census` refuses every other type and the depth. What orjson would
+    and :func:`_census` refuses every other type and the depth. What orjson would
     write inexactly is left: NaN/infinities (``null``) and ints in ``[2**63, 2**64)``;
     their traces in the text (more ``null`` than ``None`` values, 19 digits in a row) send
     the column to the reference walk."""
-    nones = _json_census(rows)
+    nones = _census(rows, _JSON_TYPES, JSON_MAX_DEPTH)
     if nones is None:
         return None
     try:
@@ -546,8 +549,8 @@ class Object:
         if values.ndim != 1:
             return None
         rows = values.tolist()
-        if not _may_be_native(rows):
-            return None
+        if not _may_be_native(rows) or _census(rows, _NATIVE_TYPES, MAX_NESTING - 1) is None:
+            return None  # deeper than MAX_NESTING fields: Arrow's IPC format refuses it (pa.array crashes far deeper)
         try:
             array = _to_arrow(rows)
         except Exception:  # pa.array calls into arbitrary user objects; any failure -> pickle
