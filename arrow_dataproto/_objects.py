@@ -33,12 +33,16 @@ Representations, by numpy dtype kind:
 - ``O`` 1-D failing that check (kind ``json``): when every row is a JSON value that JSON
   gives back exactly (:func:`_is_json`: ``None``, ``bool``, int64-range ``int``, finite
   ``float``, ``str``, ``list``, ``dict`` with ``str`` keys, exact types, at most
-  :data:`JSON_MAX_DEPTH` deep), the canonical ``arrow.json`` extension type over
-  ``string``: one compact JSON text per row (UTF-8; ASCII-escaped for a column holding a
-  lone surrogate), a ``None`` row a null. Rows may mix types and dict keys: JSON keeps
+  :data:`JSON_MAX_DEPTH` deep; no string holding a high then a low surrogate, which JSON
+  reads back as one character), the canonical ``arrow.json`` extension type over
+  ``string``: one compact JSON text per row written by orjson (UTF-8; ASCII-escaped by the
+  stdlib encoder for a column holding a surrogate), a ``None`` row a null. Rows may mix types and dict keys: JSON keeps
   ``1`` / ``1.0`` / ``True`` apart and dict key order. Tuples, bytes, non-``str`` keys,
   NaN/infinities, bigger ints, subclasses (``IntEnum``, ``np.float64``) and other objects
-  are not JSON. Decoding parses each row (``NaN``/``Infinity`` literals refused).
+  are not JSON. Decoding gives each row's value exactly or raises: orjson's value when it
+  writes that value back as the very text stored, else a strict reader (``NaN``/``Infinity``,
+  a key twice in one object, a number beyond a double or nonzero below its smallest are
+  errors naming the row; ints exact at any size).
 - everything else, including N-D object arrays, structured dtypes, longdouble and object
   columns failing both checks above (kind ``pickle``): ``pa.large_binary()`` holding one
   ``pickle.dumps(row, protocol=5)`` per row. Decoding needs ``allow_pickle=True``.
