@@ -446,7 +446,7 @@ def _load_json_column(storage: pa.Array) -> np.ndarray:
         return out
     offsets = np.frombuffer(valid.buffers()[1], dtype=np.int64 if valid.type == pa.large_string() else np.int32)
     offsets = offsets[valid.offset : valid.offset + len(valid) + 1]
-    data = memoryview(valid.buffers()[2])[offsets[0] : offsets[-1]]
+    data = memoryview(valid.buffers()[2]).cast("B")[offsets[0] : offsets[-1]]  # unsigned: compares equal to bytes
     base = int(offsets[0])
     texts = [data[a - base : b - base] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
     values = None
