@@ -203,15 +203,24 @@ def _dense(name: str, flat: pa.Array, shape: list[int], rows: int) -> tuple[pa.A
 
 
 def _fixed_shape_tensor(name: str, array: pa.Array) -> tuple[pa.Array, TensorSpec] | None:
+    """``arrow.fixed_shape_tensor``: ``shape`` is the physical (row-major) shape of each row;
+    a ``permutation`` says that logical dimension ``i`` is physical dimension
+    ``permutation[i]``, so the tensor is the physical one with its dimensions permuted, made
+    row-major (a copy; pyarrow's own ``to_numpy_ndarray`` gets the strides of a permuted
+    tensor wrong). ``dim_names`` name the physical dimensions and change nothing."""
     kind = array.type
     if kind.value_type not in _NUMERIC:
         return None
     _no_nulls(name, array, "rows")
-    permutation = kind.permutation
-    if permutation is None or list(permutation) == sorted(permutation):
-        return _dense(name, array.storage.flatten(), list(kind.shape), len(array))
-    # stored in another dimension order: made row-major in the logical shape (a copy)
-    logical = np.ascontiguousarray(array.to_numpy_ndarray())
+    shape, permutation = list(kind.shape), kind.permutation
+    flat = array.storage.flatten()  # the values of the rows present
+    if permutation is None or list(permutation) == list(range(len(shape))):
+        return _dense(name, flat, shape, len(array))
+    if sorted(permutation) != list(range(len(shape))):
+        raise column_error(DecodeError, name, f"fixed_shape_tensor permutation {list(permutation)} is not one of {len(shape)} dimensions")
+    _no_nulls(name, flat, "values")
+    physical = flat.to_numpy(zero_copy_only=False).reshape(len(array), *shape)
+    logical = np.ascontiguousarray(physical.transpose(0, *(p + 1 for p in permutation)))
     return _dense(name, pa.array(logical.reshape(-1)), list(logical.shape[1:]), len(array))
 
 

@@ -147,21 +147,45 @@ def check_schema(schema: pa.Schema) -> dict[str, str]:
     return metadata
 
 
+MAX_NESTING = 64
+"""The most fields one column nests, the column counted (a ``list`` 63 levels deep, a
+``map`` 31): what Arrow's IPC format writes and reads. A deeper type, possible only in
+memory, is refused where it arrives (decoding, and the native type of an object column)."""
+
+
+def nesting(arrow_type: pa.DataType) -> int:
+    """How many fields deep a column of ``arrow_type`` is (1 for a primitive), counting
+    through extension storage and dictionary values, up to ``MAX_NESTING + 1`` (the walk
+    stops there). Iterative: no recursion limit is reached at any depth. Reads every
+    nested field's name (pyarrow decodes it on access: ``UnicodeDecodeError`` if it is not
+    UTF-8)."""
+    deepest, stack = 1, [(arrow_type, 1)]
+    while stack:
+        kind, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if deepest > MAX_NESTING:
+            break
+        while isinstance(kind, (pa.BaseExtensionType, pa.DictionaryType)):
+            kind = kind.storage_type if isinstance(kind, pa.BaseExtensionType) else kind.value_type
+        for i in range(kind.num_fields):
+            field = kind.field(i)
+            field.name  # decoded here: UnicodeDecodeError if it is not UTF-8
+            stack.append((field.type, depth + 1))
+    return deepest
+
+
 def check_field_names(schema: pa.Schema) -> None:
     """:class:`DecodeError` if a column name (nested ones too) is not valid UTF-8 (a corrupt
-    payload: pyarrow would raise ``UnicodeDecodeError`` wherever the name is read)."""
+    payload: pyarrow would raise ``UnicodeDecodeError`` wherever the name is read), or a
+    column nests more than :data:`MAX_NESTING` fields (naming the column)."""
     try:
-        _read_field_names(list(schema))
+        for field in schema:
+            field.name  # decoded here: UnicodeDecodeError if it is not UTF-8
+            if nesting(field.type) > MAX_NESTING:
+                message = f"its type nests more than {MAX_NESTING} fields, deeper than Arrow's IPC format carries"
+                raise column_error(DecodeError, field.name, message)
     except UnicodeDecodeError as e:
         raise DecodeError(f"column names are not valid UTF-8: {e}") from None
-
-
-def _read_field_names(fields: list[pa.Field]) -> None:
-    """Read the name of every field, nested ones too (pyarrow decodes names on access)."""
-    for field in fields:
-        kind = field.type.storage_type if isinstance(field.type, pa.BaseExtensionType) else field.type
-        field.name  # pyarrow decodes the name here: UnicodeDecodeError if it is not UTF-8
-        _read_field_names([kind.field(i) for i in range(kind.num_fields)])
 
 
 def _json(metadata: Mapping[str, str], key: str, where: str = "schema metadata") -> Any:

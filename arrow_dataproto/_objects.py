@@ -33,12 +33,16 @@ Representations, by numpy dtype kind:
 - ``O`` 1-D failing that check (kind ``json``): when every row is a JSON value that JSON
   gives back exactly (:func:`_is_json`: ``None``, ``bool``, int64-range ``int``, finite
   ``float``, ``str``, ``list``, ``dict`` with ``str`` keys, exact types, at most
-  :data:`JSON_MAX_DEPTH` deep), the canonical ``arrow.json`` extension type over
-  ``string``: one compact JSON text per row (UTF-8; ASCII-escaped for a column holding a
-  lone surrogate), a ``None`` row a null. Rows may mix types and dict keys: JSON keeps
+  :data:`JSON_MAX_DEPTH` deep; no string holding a high then a low surrogate, which JSON
+  reads back as one character), the canonical ``arrow.json`` extension type over
+  ``string``: one compact JSON text per row written by orjson (UTF-8; ASCII-escaped by the
+  stdlib encoder for a column holding a surrogate), a ``None`` row a null. Rows may mix types and dict keys: JSON keeps
   ``1`` / ``1.0`` / ``True`` apart and dict key order. Tuples, bytes, non-``str`` keys,
   NaN/infinities, bigger ints, subclasses (``IntEnum``, ``np.float64``) and other objects
-  are not JSON. Decoding parses each row (``NaN``/``Infinity`` literals refused).
+  are not JSON. Decoding gives each row's value exactly or raises: orjson's value when it
+  writes that value back as the very text stored, else a strict reader (``NaN``/``Infinity``,
+  a key twice in one object, a number beyond a double or nonzero below its smallest are
+  errors naming the row; ints exact at any size).
 - everything else, including N-D object arrays, structured dtypes, longdouble and object
   columns failing both checks above (kind ``pickle``): ``pa.large_binary()`` holding one
   ``pickle.dumps(row, protocol=5)`` per row. Decoding needs ``allow_pickle=True``.
@@ -58,22 +62,25 @@ of a protocol-5 pickle; refusing it without ``allow_pickle`` names the keys that
 from __future__ import annotations
 
 import base64
+import gc
 import itertools
 import json
 import operator
 import pickle
+import re
 import warnings
 from functools import partial
 from typing import Any, Callable, Union
 
 import numpy as np
+import orjson as _orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
 from . import _limits
 from ._dtypes import STORAGE, dtype_from_name, dtype_name
-from ._format import ARRAY_KINDS, KIND, META_INFO, META_INFO_ENCODING, ArraySpec, text_metadata
+from ._format import ARRAY_KINDS, KIND, MAX_NESTING, META_INFO, META_INFO_ENCODING, ArraySpec, text_metadata
 from .errors import DecodeError, EncodeError, PickleNotAllowedError, column_error
 
 NUMERIC, STRING, OBJECT, JSON, PICKLE = ARRAY_KINDS
@@ -244,6 +251,12 @@ def _may_be_native(group: list, depth: int = 3) -> bool:
 JSON_MAX_DEPTH = 200
 """Rows nested deeper than this (lists and dicts in lists and dicts) are pickled, not JSON."""
 _INT64 = (-(2**63), 2**63 - 1)
+_JSON_TYPES = frozenset({type(None), bool, int, float, str, list, dict})
+_NATIVE_TYPES = _JSON_TYPES | {bytes}
+"""What a native object column may hold: :meth:`Object.encode` gives any other type (a
+tuple, a subclass) back as another, so it does not try."""
+_LONG_DIGITS = re.compile(rb"\d{19}")
+"""19 digits in a row: an int at the int64 bounds or beyond (orjson writes up to 2**64 - 1)."""
 
 
 def _is_json(value: Any, depth: int = JSON_MAX_DEPTH) -> bool:
@@ -252,8 +265,9 @@ def _is_json(value: Any, depth: int = JSON_MAX_DEPTH) -> bool:
     types (no subclass: ``IntEnum``, ``np.float64``, ``OrderedDict`` are not), at most
     :data:`JSON_MAX_DEPTH` containers deep (which also rules out cycles).
 
-    A walk over the types, not an encode + decode + compare: measured 2-3x faster
-    (``benchmarks/bench_json.py``). Leaves are checked inline, containers recursively."""
+    The reference walk over every value, one at a time; :func:`_json_texts` reaches the same
+    verdict over a whole column at C speed and calls this only where its cheap checks cannot
+    decide. Leaves are checked inline, containers recursively."""
     kind = type(value)
     if kind is dict:
         for key in value:
@@ -293,27 +307,113 @@ def _is_json_leaf(value: Any, kind: type) -> bool:
     return kind is float and value - value == 0.0
 
 
-def _json_encoder(ensure_ascii: bool) -> Callable[[Any], str]:
-    """Compact JSON text of a value :func:`_is_json` accepted (so no NaN, no cycles). The C
-    encoder is made once, not per row as ``JSONEncoder.encode`` does: 10-15% faster."""
-    encoder = json.JSONEncoder(ensure_ascii=ensure_ascii, allow_nan=False, check_circular=False, separators=(",", ":"))
+def _census(rows: list, types: frozenset[type], depth: int) -> int | None:
+    """Whether every value of ``rows`` is of one of ``types`` (exact types) and no row holds
+    lists and dicts more than ``depth`` deep (a row that is a list: 1). One level of
+    nesting at a time, through ``gc.get_referents`` (the items of lists, the values of
+    dicts, and their keys only when one is not an exact ``str``, which is exactly when
+    CPython's dict visits its keys): C speed, no recursion, and no other object is
+    entered. Returns the number of ``None`` values inside the rows, or None when a type or
+    the depth rules the column out."""
+    level, nones = rows, 0
+    for position in range(1, depth + 2):
+        kinds = set(map(type, level))
+        if not kinds <= types:
+            return None
+        if position > 1:
+            nones += level.count(None)  # exact builtin types only: no user __eq__ runs
+        if list not in kinds and dict not in kinds:
+            return nones
+        if position > depth:
+            return None
+        level = gc.get_referents(*level)  # the items of this level's containers (others have none)
+    return None  # unreachable: the loop returns at position depth + 1
+
+
+def _json_texts(rows: list) -> list[bytes] | None:
+    """The compact JSON text (UTF-8) of each row (``b""`` for a ``None`` row), or None when a
+    row is not JSON (:func:`_is_json`).
+
+    orjson writes the text; it refuses non-``str`` keys, ints beyond 64 bits and surrogates,
+    and :func:`_census` refuses every other type and the depth. What orjson would
+    write inexactly is left: NaN/infinities (``null``) and ints in ``[2**63, 2**64)``;
+    their traces in the text (more ``null`` than ``None`` values, 19 digits in a row) send
+    the column to the reference walk."""
+    nones = _census(rows, _JSON_TYPES, JSON_MAX_DEPTH)
+    if nones is None:
+        return None
+    try:
+        texts = [b"" if row is None else _orjson.dumps(row) for row in rows]
+    except TypeError:  # orjson.JSONEncodeError: a non-str key, a huge int, a surrogate
+        return _stdlib_texts(rows)
+    joined = b"".join(texts)
+    if joined.count(b"null") > nones or _LONG_DIGITS.search(joined):
+        if not all(map(_is_json, rows)):
+            return None
+    return texts
+
+
+def _stdlib_texts(rows: list) -> list[bytes] | None:
+    """Where orjson refuses (a string holds a surrogate, which has no UTF-8; or a row is not
+    JSON): the reference walk, then the stdlib encoder, ASCII-escaped (``\\uXXXX``). A string
+    holding a high surrogate then a low one (a pair split into two code points) would read
+    back as one character: not JSON."""
+    if not all(map(_is_json, rows)):
+        return None
+    texts = [b"" if row is None else _JSON_ASCII(row).encode() for row in rows]
+    for row, text in zip(rows, texts):
+        if row is not None and not same(row, _JSON_DECODER.decode(text.decode())):
+            return None
+    return texts
+
+
+def _ascii_encoder() -> Callable[[Any], str]:
+    """Compact, ASCII-escaped JSON text of a value :func:`_is_json` accepted (so no NaN, no
+    cycles). The C encoder is made once, not per row as ``JSONEncoder.encode`` does."""
+    encoder = json.JSONEncoder(ensure_ascii=True, allow_nan=False, check_circular=False, separators=(",", ":"))
     make = getattr(json.encoder, "c_make_encoder", None)
     if make is None:  # an interpreter without the C accelerator
         return encoder.encode
-    strings = json.encoder.encode_basestring_ascii if ensure_ascii else json.encoder.encode_basestring
-    chunks = make(None, encoder.default, strings, None, ":", ",", False, False, False)
+    chunks = make(None, encoder.default, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, False)
     return lambda value: "".join(chunks(value, 0))
 
 
-_JSON_TEXT = _json_encoder(ensure_ascii=False)
-_JSON_ASCII = _json_encoder(ensure_ascii=True)
+_JSON_ASCII = _ascii_encoder()
 
 
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-_JSON_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"duplicate key {key[:100]!r} in an object")
+            seen.add(key)
+    return out
+
+
+_MANTISSA_DIGITS = re.compile(r"[1-9]")
+
+
+def _exact_float(text: str) -> float:
+    """A JSON number with a fraction or an exponent as a double, refusing one that no double
+    holds: beyond the largest (``1e999``: it would be infinity) or a nonzero number so small
+    it would be zero (``1e-400``)."""
+    value = float(text)
+    if value - value != 0.0:
+        raise ValueError(f"the number {text[:100]} overflows a double")
+    if value == 0.0 and _MANTISSA_DIGITS.search(text.lower().partition("e")[0]):
+        raise ValueError(f"the number {text[:100]} underflows a double to zero")
+    return value
+
+
+_JSON_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_exact_float, object_pairs_hook=_unique_keys)
+"""The reference reader: strict JSON (no ``NaN``/``Infinity``), no duplicate keys, no number
+a double cannot hold, ints exact at any size."""
 _JSON_TYPE: Callable[[pa.DataType], pa.DataType] | None = getattr(pa, "json_", None)
 """``pa.json_`` (pyarrow >= 19); on older pyarrow a JSON column is its plain UTF-8 storage."""
 MAX_STRING_BYTES = 2**31 - 1
@@ -334,17 +434,60 @@ def _json_storage(array: pa.Array) -> pa.Array:
     return array.storage if isinstance(array, pa.ExtensionArray) else array
 
 
-def _load_json(text: str | None) -> Any:
-    """One row's value: ``None`` for a null; JSON text otherwise (``NaN``/``Infinity`` refused)."""
-    if text is None:
-        return None
-    try:  # the fast path: the C scanner over text with no surrounding whitespace (ours)
-        value, end = _JSON_DECODER.raw_decode(text)
-        if end == len(text):
+def _load_json(text: bytes | memoryview) -> Any:
+    """One row's value from its JSON text, exactly or ``ValueError``: orjson's value when
+    orjson writes it back as this very text (then no key was merged, no number rounded to
+    infinity or zero, no escape misread: the text is the canonical form of that value), else
+    the reference reader (:data:`_JSON_DECODER`; whitespace around the value allowed)."""
+    try:
+        value = _orjson.loads(text)
+        if _orjson.dumps(value) == text:
             return value
-    except ValueError:
+    except (TypeError, ValueError):  # orjson.JSONDecodeError, or a surrogate it cannot write
         pass
-    return _JSON_DECODER.decode(text)  # whitespace around the value (other writers) or garbage
+    return _JSON_DECODER.decode(str(text, "utf-8"))
+
+
+def _load_json_column(storage: pa.Array) -> np.ndarray:
+    """The rows of a string column of JSON texts (a null: ``None``), exactly.
+
+    The fast path parses every row with one orjson call (the texts joined with commas into
+    one array) and writes the values back: when the written texts have the lengths of the
+    stored ones and the same bytes end to end, each row's text is the canonical text of its
+    value. Otherwise each row alone (:func:`_load_json`)."""
+    out = np.empty(len(storage), dtype=object)
+    valid = storage if storage.null_count == 0 else storage.drop_null()
+    if len(valid) == 0:
+        return out
+    offsets = np.frombuffer(valid.buffers()[1], dtype=np.int64 if valid.type == pa.large_string() else np.int32)
+    offsets = offsets[valid.offset : valid.offset + len(valid) + 1]
+    data = memoryview(valid.buffers()[2]).cast("B")[offsets[0] : offsets[-1]]  # unsigned: compares equal to bytes
+    base = int(offsets[0])
+    texts = [data[a - base : b - base] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+    values = None
+    try:
+        joined = pc.binary_join(pa.ListArray.from_arrays([0, len(valid)], valid), ",")
+        parsed = _orjson.loads(b"[" + joined[0].as_buffer() + b"]")
+        if len(parsed) == len(valid):
+            written = list(map(_orjson.dumps, parsed))
+            lengths = np.fromiter(map(len, written), dtype=np.int64, count=len(written))
+            if np.array_equal(lengths, np.diff(offsets)) and b"".join(written) == data:
+                values = parsed
+    except (TypeError, ValueError, pa.ArrowException):  # a row orjson refuses or cannot write back
+        pass
+    if values is None:
+        values = []
+        for i, text in enumerate(texts):
+            try:
+                values.append(_load_json(text))
+            except (ValueError, RecursionError) as exc:
+                row = i if storage.null_count == 0 else int(np.flatnonzero(storage.is_valid())[i])
+                raise ValueError(f"row {row} is not JSON: {exc}") from None
+    filled = np.fromiter(values, dtype=object, count=len(values))
+    if storage.null_count == 0:
+        return filled
+    out[np.asarray(storage.is_valid())] = filled
+    return out
 
 
 # --- the kinds: encode returns None to fall back to pickle; decode raises any exception
@@ -451,8 +594,8 @@ class Object:
         if values.ndim != 1:
             return None
         rows = values.tolist()
-        if not _may_be_native(rows):
-            return None
+        if not _may_be_native(rows) or _census(rows, _NATIVE_TYPES, MAX_NESTING - 1) is None:
+            return None  # deeper than MAX_NESTING fields: Arrow's IPC format refuses it (pa.array crashes far deeper)
         text = _plain_text(rows)
         try:
             array = _to_arrow(rows, _text_type(rows) if text else None)
@@ -481,23 +624,26 @@ class Json:
 
     @staticmethod
     def encode(name: str, values: np.ndarray) -> pa.Array | None:
-        if values.ndim != 1:
-            return None
-        rows = values.tolist()
-        if not all(map(_is_json, rows)):
-            return None
-        return Json.encode_rows(rows)
+        return Json.encode_rows(values.tolist()) if values.ndim == 1 else None
 
     @staticmethod
-    def encode_rows(rows: list) -> pa.Array:
-        """The JSON column of ``rows``, each of which :func:`_is_json` accepted."""
-        texts = [None if row is None else _JSON_TEXT(row) for row in rows]
-        try:
-            storage = pa.array(texts, pa.large_string())
-        except UnicodeEncodeError:  # a lone surrogate ("\ud800") has no UTF-8: escape as \uXXXX
-            storage = pa.array([None if row is None else _JSON_ASCII(row) for row in rows], pa.large_string())
-        if storage.buffers()[2].size <= MAX_STRING_BYTES:
-            storage = storage.cast(pa.string())
+    def encode_rows(rows: list) -> pa.Array | None:
+        """The JSON column of ``rows``, or None if one is not JSON (:func:`_is_json`)."""
+        texts = _json_texts(rows)
+        if texts is None:
+            return None
+        lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+        offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        valid = np.fromiter(map(_not_none, rows), dtype=bool, count=len(rows))
+        nulls = len(rows) - int(valid.sum())
+        bitmap = pa.array(valid).buffers()[1] if nulls else None
+        small = offsets[-1] <= MAX_STRING_BYTES
+        storage = pa.Array.from_buffers(
+            pa.string() if small else pa.large_string(), len(rows),
+            [bitmap, pa.py_buffer(offsets.astype(np.int32) if small else offsets), pa.py_buffer(b"".join(texts))],
+            null_count=nulls,
+        )
         return _as_json(storage)
 
     @staticmethod
@@ -508,13 +654,7 @@ class Json:
             array.type in (json_type(storage.type), storage.type) and storage.type in (pa.string(), pa.large_string()),
             f"expected JSON text (arrow.json over string or large_string), got {array.type}",
         )
-        out = np.empty(len(storage), dtype=object)
-        for i, text in enumerate(storage.to_pylist()):
-            try:
-                out[i] = _load_json(text)
-            except ValueError as exc:
-                raise ValueError(f"row {i} is not JSON: {exc}") from None
-        return out
+        return _load_json_column(storage)
 
 
 class Pickle:
@@ -608,8 +748,8 @@ def encode_as(name: str, values: np.ndarray, field: pa.Field) -> pa.Array | None
         except Exception:  # pa.array calls into arbitrary user objects
             return None
         return array if all(map(same, rows, array.to_pylist())) else None
-    if kind == JSON and all(map(_is_json, rows)):
-        array = Json.encode_rows(rows)
+    array = Json.encode_rows(rows) if kind == JSON else None
+    if array is not None:
         try:
             storage = _json_storage(array).cast(getattr(arrow_type, "storage_type", arrow_type))
         except pa.ArrowException:  # more than 2 GiB of text for a string column
@@ -813,8 +953,8 @@ def _refused_keys(payload: str) -> str:
 
 
 _META_INFO_LOADERS: dict[str, Callable[[str], Any]] = {
-    "json": json.loads,
-    JSON_TENSORS: lambda text: _untagged(json.loads(text)),
+    "json": _JSON_DECODER.decode,  # strict: a duplicate key or a number no double holds is an error
+    JSON_TENSORS: lambda text: _untagged(_JSON_DECODER.decode(text)),
     "pickle": lambda text: pickle.loads(base64.b64decode(text, validate=True)),
 }
 

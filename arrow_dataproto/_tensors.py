@@ -197,6 +197,9 @@ class FixedShape:
         arrow_shape = shape + ([2] if storage.pair == 2 else [])
         if not isinstance(array.type, pa.FixedShapeTensorType) or list(array.type.shape) != arrow_shape:
             raise _fail(name, f"type {array.type}, expected fixed_shape_tensor of shape {arrow_shape}")
+        permutation = array.type.permutation  # another tool's dimension order: not this format's row-major layout
+        if permutation is not None and list(permutation) != list(range(len(arrow_shape))):
+            raise _fail(name, f"fixed_shape_tensor with permutation {list(permutation)}, expected row-major values")
         if array.type.value_type != storage.arrow_type:
             raise _fail(name, f"value type {array.type.value_type}, expected {storage.arrow_type}")
         return _elements(name, array.storage, storage, spec.dtype, shape)

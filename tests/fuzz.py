@@ -35,6 +35,18 @@ reported with the input that caused it. Targets:
     ``inspect --json``, ``head`` and ``convert`` through ``cli.main`` inside the
     worker (a crash or hang still shows; an exit status of 1 with its error line is
     the library's own error), judged by reading the converted file.
+``json-text``
+    ``from_ipc`` of a stream whose JSON columns' texts were edited (a duplicate key, a
+    number no double holds, surrogate escapes, bytes that are not UTF-8, junk): a decoded
+    row must be what the text says by the book (``_reference_json``), else a finding
+    ``unexpected:SilentWrong``.
+``foreign-types``
+    ``from_ipc`` of a random table of other tools' types (dictionary, run-end encoded,
+    sparse and dense unions, maps with duplicate keys, list_view, string_view / binary_view,
+    decimal32..256, fixed_shape_tensor with permutations and dim_names, an extension type
+    with parameters, an unregistered one, arrow.json, nesting up to 63 levels), checked
+    column by column against pyarrow's rows (permutations applied by the oracle); and
+    ``from_arrow`` of tables nested 64-2,063 levels deep, built in memory.
 ``pandas``
     ``from_pandas`` of a ``to_pandas`` frame whose ``attrs`` record (schema level or
     one column's: kind, dtype, shape, row shape, ragged_idx, device) was edited, or
@@ -117,6 +129,7 @@ import base64
 import copy
 import importlib.util
 import json
+import math
 import multiprocessing
 import os
 import pickle
@@ -142,6 +155,7 @@ from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 from golden import kinds_dataproto, pickled_dataproto  # tests/golden.py, next to this file
 from tensordict import TensorDict
@@ -150,7 +164,7 @@ import arrow_dataproto as adp
 from arrow_dataproto import files as adp_files
 from arrow_dataproto import pandas as adp_pandas
 from arrow_dataproto import pickling
-from arrow_dataproto.testing import assert_dataproto_equal, sample_dataproto
+from arrow_dataproto.testing import assert_dataproto_equal, sample_dataproto, strict_equal
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -689,6 +703,7 @@ def targets() -> dict[str, Target]:
         )
     )
     found += writer_targets()
+    found += _json_foreign_targets()
     return {t.name: t for t in found}
 
 
@@ -1259,6 +1274,326 @@ def check_case(target: Target, original: adp.DataProto, payload: Any) -> tuple[s
 
 def is_finding(outcome: str) -> bool:
     return not (outcome in ("exact", "valid") or outcome.startswith("error:"))
+
+
+# ---------------------------------------------------------------- JSON text and other tools' types
+# (issue 19). Both targets judge a decode against an oracle of their own: a value that decodes
+# but differs from what the payload says is a finding (``unexpected:SilentWrong``).
+
+
+class SilentWrong(AssertionError):
+    """A decode that returned something other than what the payload holds."""
+
+
+def _json_seed() -> adp.DataProto:
+    """Object columns of the JSON kind: dicts of other keys per row, nested lists, numbers of each type."""
+    from arrow_dataproto.testing.samples import verl_rollout
+
+    non_tensor = verl_rollout(rows=4, prompt=2, response=2, seed=3)[1]
+    return adp.DataProto(None, {k: non_tensor[k] for k in ("extra_info", "messages", "scores", "ground_truth")}, {})
+
+
+JSON_PIECES = [
+    "1e999", "-1e400", "1e-400", "-2e-999", "0e-999", "0.0e400", "1.7976931348623159e308", "2.4703282292062328e-324",
+    "123456789012345678901234567890", "-9223372036854775809", "18446744073709551615", "-0", "1E5", "NaN", "-Infinity",
+    '"\\ud83d"', '"\\ude00"', '"\\ud83d\\ude00"', '"\\ud83d\\u0041"', '"\\u0000"', '"\\\\ud83d"', "true", "null", "[]", "{}",
+    " ", "\n", ",", "]", "}", '"', "\\", "[" * 70 + "]" * 70, "[" * 2000,
+]
+JSON_BYTES = [b"\xed\xa0\xbd", b"\xed\xb8\x80", b"\xc0\xaf", b"\xff", b"\xf4\x90\x80\x80", b"\x00"]
+
+
+def _mutate_json_text(text: bytes, rng: random.Random) -> tuple[bytes, str]:
+    """One JSON-aware edit of one row's text: a duplicate key, a number no double holds, a
+    surrogate escape, bytes that are not UTF-8, whitespace, junk, a truncation."""
+    op = rng.choice(["duplicate-key", "duplicate-key", "number", "number", "escape", "utf8", "piece", "truncate", "flip"])
+    keys = [m for m in re.finditer(rb'[{,]("(?:[^"\\]|\\.)*"):', text)]
+    if op == "duplicate-key" and keys:
+        match = rng.choice(keys)
+        value = rng.choice([b"1", b"null", b'"x"', b"[]", b"{}", b"2.5"])
+        return text[: match.start() + 1] + match.group(1) + b":" + value + b"," + text[match.start() + 1 :], "json:duplicate-key"
+    numbers = [m.span() for m in re.finditer(rb"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?", text)]
+    if op == "number" and numbers:
+        start, end = rng.choice(numbers)
+        piece = rng.choice(JSON_PIECES[:15]).encode()
+        return text[:start] + piece + text[end:], "json:number"
+    strings = [m.span() for m in re.finditer(rb'"(?:[^"\\]|\\.)*"', text)]
+    if op == "escape" and strings:
+        start, end = rng.choice(strings)
+        escape = rng.choice([b"\\ud83d", b"\\ude00", b"\\ud83d\\ude00", b"\\udbff\\udfff", b"\\ud800\\ud800", b"\\u0000"])
+        at = rng.randrange(start + 1, end)
+        return text[:at] + escape + text[at:], "json:escape"
+    pos = rng.randrange(len(text) + 1)
+    if op == "utf8":
+        return text[:pos] + rng.choice(JSON_BYTES) + text[pos:], "json:utf8"
+    if op == "piece":
+        return text[:pos] + rng.choice(JSON_PIECES).encode() + text[pos:], "json:piece"
+    if op == "truncate":
+        return text[:pos], "json:truncate"
+    data = bytearray(text or b" ")
+    data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+    return bytes(data), "json:flip"
+
+
+def _string_column(texts: list[bytes | None], large: bool) -> pa.Array:
+    """A string column of exactly these bytes (valid UTF-8 or not)."""
+    offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum([len(t or b"") for t in texts], out=offsets[1:])
+    valid = np.array([t is not None for t in texts])
+    bitmap = None if valid.all() else pa.array(valid).buffers()[1]
+    kind = pa.large_string() if large else pa.string()
+    offsets_buffer = pa.py_buffer(offsets if large else offsets.astype(np.int32))
+    data = pa.py_buffer(b"".join(t or b"" for t in texts))
+    return pa.Array.from_buffers(kind, len(texts), [bitmap, offsets_buffer, data], null_count=int((~valid).sum()))
+
+
+def _mutate_json(payload: bytes, rng: random.Random) -> tuple[bytes, str]:
+    """Edit one to three rows' JSON texts of one column, keeping the column's storage."""
+    batch = _read_stream(payload)
+    names = [f.name for f in batch.schema if (f.metadata or {}).get(b"adp.kind") == b"json"]
+    name = rng.choice(names)
+    i = batch.schema.get_field_index(name)
+    column = batch.column(i)
+    storage = column.storage if isinstance(column, pa.ExtensionArray) else column
+    texts = [None if v is None else v.encode("utf-8", "surrogatepass") for v in storage.to_pylist()]
+    descs = []
+    for _ in range(rng.choice([1, 1, 2, 3])):
+        row = rng.randrange(len(texts))
+        texts[row], desc = _mutate_json_text(texts[row] or b"", rng)
+        descs.append(desc)
+    new = _string_column(texts, storage.type == pa.large_string())
+    if isinstance(column, pa.ExtensionArray):
+        new = pa.ExtensionArray.from_storage(column.type, new)
+    columns = list(batch.columns)
+    columns[i] = new
+    return _write_stream([pa.RecordBatch.from_arrays(columns, schema=batch.schema)], batch.schema, None), "+".join(descs)
+
+
+def _reference_json(text: bytes) -> Any:
+    """What a JSON text holds, by the book: UTF-8, no NaN/Infinity, no key twice in an
+    object, no number a double cannot hold (beyond the largest, or nonzero but below the
+    smallest); ints at any size; whitespace around the value allowed."""
+    def pairs(items: list) -> dict:
+        if len({k for k, _ in items}) != len(items):
+            raise ValueError("duplicate key")
+        return dict(items)
+
+    def number(literal: str) -> float:
+        value = float(literal)
+        mantissa = literal.lower().split("e")[0]
+        if math.isinf(value) or (value == 0.0 and mantissa.strip("-0.") != ""):
+            raise ValueError("no double holds it")
+        return value
+
+    def constant(name: str) -> Any:
+        raise ValueError(name)
+
+    return json.loads(text.decode("utf-8"), object_pairs_hook=pairs, parse_float=number, parse_constant=constant)
+
+
+def _decode_json_checked(payload: bytes) -> adp.DataProto:
+    """``from_ipc``; every JSON column that decoded must hold what its texts say (:func:`_reference_json`)."""
+    decoded = adp.from_ipc(payload)
+    batch = pa.ipc.open_stream(payload).read_all().combine_chunks().to_batches()[0]
+    for field, column in zip(batch.schema, batch.columns):
+        if (field.metadata or {}).get(b"adp.kind") != b"json":
+            continue
+        storage = column.storage if isinstance(column, pa.ExtensionArray) else column
+        for row, text in enumerate(storage.cast(pa.large_binary()).to_pylist()):
+            try:
+                expected = None if text is None else _reference_json(text)
+            except (ValueError, RecursionError) as e:
+                raise SilentWrong(f"column {field.name!r} row {row} decoded, but its text is not exact JSON ({e}): {text[:200]!r}")
+            got = decoded.non_tensor_batch[field.name][row]
+            if not strict_equal(np.array([expected, None], dtype=object)[:1], np.array([got, None], dtype=object)[:1]):
+                raise SilentWrong(f"column {field.name!r} row {row}: {text[:200]!r} decoded as {got!r:.200}")
+    return decoded
+
+
+# Other tools' types: a random table of the types another tool writes, decoded by from_ipc
+# and checked column by column against what pyarrow reads (tensors: element by element,
+# fixed_shape_tensor permutations applied by the oracle itself).
+
+
+class _ParamType(pa.ExtensionType):
+    """An extension type with parameters (registered in the fuzz process: read as its storage)."""
+
+    def __init__(self, scale: int):
+        self.scale = scale
+        super().__init__(pa.int32(), "adp-fuzz.param")
+
+    def __arrow_ext_serialize__(self) -> bytes:
+        return json.dumps({"scale": self.scale}).encode()
+
+    @classmethod
+    def __arrow_ext_deserialize__(cls, storage_type, serialized):
+        return cls(json.loads(serialized)["scale"])
+
+
+try:
+    pa.register_extension_type(_ParamType(1))
+except pa.ArrowKeyError:  # registered already (the module imported twice)
+    pass
+
+
+def _nested_type(depth: int, rng: random.Random) -> pa.DataType:
+    kind = pa.int64()
+    for _ in range(depth):
+        kind = rng.choice([pa.list_, lambda t: pa.struct([("a", t)]), pa.large_list, lambda t: pa.list_(t, 1)])(kind)
+    return kind
+
+
+def _foreign_column(rng: random.Random, rows: int) -> tuple[str, pa.Array | pa.ChunkedArray]:
+    ints = [rng.randrange(-5, 5) for _ in range(rows)]
+    maybe = [None if rng.random() < 0.2 else v for v in ints]
+    kind = rng.choice(["dictionary", "ree", "sparse-union", "dense-union", "map", "list_view", "large_list_view",
+                       "string_view", "binary_view", "decimal", "tensor", "param", "unregistered", "nested", "json"])
+    if kind == "dictionary":
+        return kind, pa.array([rng.choice(["a", "b", None]) for _ in range(rows)]).dictionary_encode()
+    if kind == "ree":
+        return kind, pc.run_end_encode(pa.array(maybe if rng.random() < 0.5 else ints))
+    if kind in ("sparse-union", "dense-union"):
+        types = pa.array([rng.randrange(2) for _ in range(rows)], pa.int8())
+        children = [pa.array(ints), pa.array([str(v) for v in ints])]
+        if kind == "sparse-union":
+            return kind, pa.UnionArray.from_sparse(types, children)
+        return kind, pa.UnionArray.from_dense(types, pa.array(list(range(rows)), pa.int32()), children)
+    if kind == "map":
+        keys = [[("k", v), ("k" if rng.random() < 0.2 else "j", v)] for v in ints]
+        return kind, pa.array(keys, pa.map_(pa.string(), pa.int64()))
+    if kind in ("list_view", "large_list_view"):
+        lists = [[v] * rng.choice([2, 2, rng.randrange(4)]) for v in ints]
+        return kind, pa.array(lists, pa.list_view(pa.int64()) if kind == "list_view" else pa.large_list_view(pa.float32()))
+    if kind in ("string_view", "binary_view"):
+        texts = [None if v is None else "x" * rng.randrange(20) + str(v) for v in maybe]  # inline and out-of-line views
+        if kind == "string_view":
+            return kind, pa.array(texts, pa.string_view())
+        return kind, pa.array([None if t is None else t.encode() for t in texts], pa.binary_view())
+    if kind == "decimal":
+        import decimal
+        make = rng.choice([pa.decimal32(7, 2), pa.decimal64(12, 3), pa.decimal128(20, 4), pa.decimal256(40, 5)])
+        return kind, pa.array([None if v is None else decimal.Decimal(v) / 4 for v in maybe], make)
+    if kind == "tensor":
+        ndim = rng.randrange(1, 4)
+        shape = [rng.randrange(1, 4) for _ in range(ndim)]
+        permutation = list(range(ndim))
+        rng.shuffle(permutation)
+        names = [f"d{i}" for i in range(ndim)] if rng.random() < 0.5 else None
+        dtype = rng.choice([pa.int16(), pa.float32(), pa.float64(), pa.bool_()])
+        kind_type = pa.fixed_shape_tensor(dtype, shape, permutation=permutation if rng.random() < 0.8 else None, dim_names=names)
+        flat = np.arange(rows * math.prod(shape)) % 7
+        values = pa.array(flat.astype(bool) if dtype == pa.bool_() else flat, dtype)
+        storage = pa.FixedSizeListArray.from_arrays(values, math.prod(shape))
+        return kind, pa.ExtensionArray.from_storage(kind_type, storage)
+    if kind == "param":
+        return kind, pa.ExtensionArray.from_storage(_ParamType(rng.randrange(9)), pa.array(ints, pa.int32()))
+    if kind == "unregistered":  # another tool's extension this process does not know: read as its storage
+        return kind, pa.array([{"x": v, "y": str(v)} for v in ints])
+    if kind == "json":
+        texts = [json.dumps({"v": v}) if rng.random() < 0.8 else rng.choice(JSON_PIECES) for v in ints]
+        return kind, pa.ExtensionArray.from_storage(pa.json_(pa.string()), pa.array(texts))
+    depth = rng.choice([1, 2, 31, 62, 63])
+    if rng.random() < 0.3:
+        return f"nested{depth}", pa.nulls(rows, _nested_type(depth, rng))
+    array: pa.Array = pa.array(ints, pa.int64())
+    for _ in range(depth):  # one value per list at every level
+        array = rng.choice([
+            lambda a: pa.ListArray.from_arrays(pa.array(range(rows + 1), pa.int32()), a),
+            lambda a: pa.StructArray.from_arrays([a], ["a"]),
+            lambda a: pa.FixedSizeListArray.from_arrays(a, 1),
+        ])(array)
+    return f"nested{depth}", array
+
+
+def _foreign_table_bytes(rng: random.Random) -> tuple[bytes, str]:
+    rows = rng.choice([0, 1, 3, 4])
+    fields, arrays, kinds = [], [], []
+    for i in range(rng.randrange(1, 4)):
+        try:
+            kind, array = _foreign_column(rng, rows)
+        except (pa.ArrowException, ValueError, TypeError):  # a combination pyarrow cannot build: skip it
+            continue
+        kinds.append(kind)
+        metadata = None
+        if kind == "unregistered":
+            metadata = {"ARROW:extension:name": "other.tool.point", "ARROW:extension:metadata": '{"unit": "m"}'}
+        fields.append(pa.field(f"c{i}", array.type, metadata=metadata))
+        arrays.append(array)
+    if not arrays:
+        fields, arrays, kinds = [pa.field("n", pa.int64())], [pa.array(list(range(rows)), pa.int64())], ["int64"]
+    schema = pa.schema(fields, metadata={"tool": "other"} if rng.random() < 0.5 else None)
+    batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
+    batches = [batch] if rows < 2 or rng.random() < 0.5 else [batch.slice(0, 1), batch.slice(1)]
+    return _write_stream(batches, schema, rng.choice([None, None, "lz4"])), "foreign:" + ",".join(kinds)
+
+
+def _logical_rows(column: pa.Array) -> list:
+    """The rows of a column as the oracle reads them: a fixed_shape_tensor's logical tensors
+    (the physical ones with their dimensions permuted), anything else as pyarrow gives it."""
+    if isinstance(column.type, pa.FixedShapeTensorType):
+        shape, permutation = list(column.type.shape), column.type.permutation
+        flat = column.storage.flatten().to_numpy(zero_copy_only=False)
+        physical = flat.reshape(len(column), *shape)
+        if permutation is not None:
+            physical = np.transpose(physical, [0] + [1 + p for p in permutation])
+        return physical.tolist()
+    if isinstance(column, pa.ExtensionArray):
+        column = column.storage
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    return column.to_pylist(maps_as_pydicts="lossy")
+
+
+def _decode_foreign_checked(payload: bytes) -> adp.DataProto:
+    """``from_ipc`` of another tool's stream; every column it decoded holds pyarrow's rows."""
+    decoded = adp.from_ipc(payload)
+    table = pa.ipc.open_stream(payload).read_all()
+    for name in table.column_names:
+        column = table.column(name).combine_chunks()
+        expected = _logical_rows(column)
+        if decoded.batch is not None and name in decoded.batch.keys():
+            tensor = decoded.batch[name]
+            got = [t.tolist() for t in (tensor.unbind(0) if tensor.is_nested else tensor)]
+        elif name in decoded.non_tensor_batch:
+            got = decoded.non_tensor_batch[name].tolist()
+            if pa.types.is_timestamp(column.type) or pa.types.is_date(column.type) or pa.types.is_duration(column.type):
+                continue
+            if isinstance(column.type, pa.BaseExtensionType) and column.type.extension_name == "arrow.json":
+                expected = [None if t is None else _reference_json(t.encode()) for t in column.storage.to_pylist()]
+            elif pa.types.is_map(column.type):
+                expected = column.to_pylist(maps_as_pydicts="strict")
+        else:
+            raise SilentWrong(f"column {name!r} missing from the decode")
+        if not strict_equal(np.array(expected + [None], dtype=object)[:-1], np.array(got + [None], dtype=object)[:-1]):
+            raise SilentWrong(f"column {name!r} ({column.type}): expected {expected!r:.300}, decoded {got!r:.300}")
+    return decoded
+
+
+def _deep_in_memory(payload: bytes) -> adp.DataProto:
+    """A table nested 64 to 2,063 fields deep, deeper than IPC carries (built here, in memory), through from_arrow."""
+    depth = 64 + sum(payload) % 2000
+    kind = _nested_type(depth, random.Random(bytes(payload[:8])))
+    return adp.from_arrow(pa.table({"deep": pa.nulls(2, kind), "n": [1, 2]}))
+
+
+def _json_foreign_targets() -> list[Target]:
+    return [
+        Target(
+            "json-text",
+            encode=lambda dp: adp.to_ipc(_json_seed()).to_pybytes(),
+            decode=_decode_json_checked,
+            mutate=lambda payload, rng, corpus, target: _mutate_json(payload, rng),
+            seeds=("no-batch",),  # the payload is built from _json_seed(); the seed only names the case
+        ),
+        Target(
+            "foreign-types",
+            encode=lambda dp: _foreign_table_bytes(random.Random(0))[0],
+            decode=lambda payload: _decode_foreign_checked(payload) if not payload.startswith(b"deep") else _deep_in_memory(payload),
+            mutate=lambda payload, rng, corpus, target: (
+                (b"deep" + rng.randbytes(8), "foreign:deep-in-memory") if rng.random() < 0.1 else _foreign_table_bytes(rng)
+            ),
+            seeds=("no-batch",),
+        ),
+    ]
 
 
 # ---------------------------------------------------------------- worker process

@@ -8,6 +8,7 @@ error (a ``DataProtoError`` subclass) or an exact result.
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 import struct
@@ -968,3 +969,190 @@ def test_ray_data_reads_a_mix_of_portable_and_stored_files(tmp_path, ray_session
         assert len({b.schema.remove_metadata() for b in blocks}) == 1  # one form
         for block in blocks:  # every file holds dp, one batch each
             assert_dataproto_equal(dp, adp.ray_data.to_dataproto(block))
+    assert target.is_dir() and not list(tmp_path.glob("*.partial"))
+
+
+# ================================================================ issue 19, round three: JSON
+# values, other tools' tensors, nesting depth, allow_pickle of another tool's stream
+# (branch json-foreign; others add their blocks elsewhere)
+
+_JSON_META = {"adp.kind": "json", "adp.dtype": "|O", "adp.row_shape": "[]"}
+
+
+def _json_texts_column(*texts) -> pa.Array:
+    return pa.ExtensionArray.from_storage(pa.json_(pa.string()), pa.array(list(texts), pa.string()))
+
+
+INEXACT_JSON = {
+    "duplicate_key": '{"a":1,"a":2}',
+    "duplicate_nested_key": '[{"k":{"b":1,"b":1}}]',
+    "duplicate_key_with_whitespace": '{ "a" : 1 , "a" : 1 }',
+    "overflow": "1e999",
+    "negative_overflow": "[-1.8e308]",
+    "underflow": '{"p":1e-400}',
+}
+
+
+@pytest.mark.parametrize("text", INEXACT_JSON.values(), ids=INEXACT_JSON.keys())
+def test_json_text_that_no_value_is_exactly_is_refused_naming_column_and_row(text):
+    column = _json_texts_column('{"ok":1}', None, text)
+    with pytest.raises(DecodeError, match=r"'evil'.*row 2"):
+        adp._objects.decode_column("evil", column, _JSON_META, allow_pickle=False)
+    table = pa.table({"evil": column})  # another tool's arrow.json column reads the same way
+    with pytest.raises(DecodeError, match=r"'evil'.*row 2"):
+        adp.from_arrow(table)
+
+
+EXACT_JSON = {
+    "int_beyond_int64": ("18446744073709551616", 2**64),
+    "escaped_pair": ('"\\ud83d\\ude00"', "\U0001f600"),
+    "lone_escape": ('"\\ud800"', "\ud800"),
+    "exponent": ("1E5", 100000.0),
+    "zero_exponent": ("0e-999", 0.0),
+    "minus_zero": ("-0.0", -0.0),
+    "whitespace": (' {"a" : [1, 2.5]} \n', {"a": [1, 2.5]}),
+}
+
+
+@pytest.mark.parametrize("case", EXACT_JSON.values(), ids=EXACT_JSON.keys())
+def test_json_text_of_other_writers_decodes_exactly(case):
+    text, value = case
+    decoded = adp._objects.decode_column("c", _json_texts_column(text, None), _JSON_META, allow_pickle=False)
+    assert type(decoded[0]) is type(value) and decoded[0] == value and decoded[1] is None
+    if value == 0.0:
+        assert math.copysign(1, decoded[0]) == math.copysign(1, value)
+
+
+def test_a_split_surrogate_pair_is_pickled_not_merged():
+    for value in ("\ud83d\ude00", {"k": ["x\ud800\udc00y"]}):
+        values = _objects(value, 1)
+        array, metadata = adp._objects.encode_column("c", values)
+        assert metadata["adp.kind"] == "pickle"  # JSON would read "\ud83d\ude00" back as one character
+        assert adp._objects.decode_column("c", array, metadata, allow_pickle=True)[0] == value
+    lone = _objects("\ud83d", "\ude00\ud83d", 1)  # not a pair: JSON, escaped
+    array, metadata = adp._objects.encode_column("c", lone)
+    assert metadata["adp.kind"] == "json"
+    assert list(adp._objects.decode_column("c", array, metadata, allow_pickle=False)) == list(lone)
+
+
+def test_meta_info_with_a_duplicate_key_is_a_decode_error():
+    record_batch = adp.to_arrow(adp.DataProto(None, {"u": np.array(["a"], dtype=object)}, {"lr": 1}))
+    metadata = {**record_batch.schema.metadata, b"adp.meta_info": b'{"lr":1,"lr":2}'}
+    with pytest.raises(DecodeError, match="duplicate key 'lr'"):
+        adp.from_arrow(record_batch.replace_schema_metadata(metadata))
+
+
+def _permuted(shape, permutation, dim_names=None, rows=3):
+    physical = np.arange(rows * math.prod(shape), dtype=np.float32).reshape(rows, *shape)
+    kind = pa.fixed_shape_tensor(pa.float32(), list(shape), permutation=permutation, dim_names=dim_names)
+    storage = pa.FixedSizeListArray.from_arrays(pa.array(physical.reshape(-1)), math.prod(shape))
+    logical = physical if permutation is None else physical.transpose(0, *(p + 1 for p in permutation))
+    return pa.ExtensionArray.from_storage(kind, storage), logical
+
+
+@pytest.mark.parametrize("permutation", [[2, 0, 1], [1, 0, 2], [0, 2, 1], None])
+@pytest.mark.parametrize("dim_names", [None, ["h", "w", "c"]])
+def test_another_tools_permuted_tensor_decodes_in_its_logical_order(permutation, dim_names):
+    array, logical = _permuted((2, 3, 4), permutation, dim_names)
+    table = pa.table({"x": array})
+    for decoded, expected in (
+        (adp.from_arrow(table), logical),
+        (adp.from_ipc(_ipc_stream(table)), logical),
+        (adp.from_arrow(table.slice(1, 2)), logical[1:3]),
+    ):
+        x = decoded.batch["x"]
+        assert tuple(x.shape) == expected.shape and x.is_contiguous()
+        assert np.array_equal(x.numpy(), expected)
+
+
+def test_a_permuted_tensor_in_a_column_of_this_format_is_refused():
+    dp = adp.DataProto(TensorDict({"x": torch.arange(12.0).view(2, 2, 3)}, batch_size=[2]))
+    record_batch = adp.to_arrow(dp)
+    kind = pa.fixed_shape_tensor(pa.float32(), [2, 3], permutation=[1, 0])
+    field = record_batch.schema.field(0).with_type(kind)
+    swapped = pa.RecordBatch.from_arrays(
+        [pa.ExtensionArray.from_storage(kind, record_batch.column(0).storage)],
+        schema=pa.schema([field], metadata=record_batch.schema.metadata),
+    )
+    with pytest.raises(DecodeError, match="'x'.*permutation"):
+        adp.from_arrow(swapped)
+
+
+def _ipc_stream(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _deep_type(depth: int, kind: str, leaf: pa.DataType = pa.int64()) -> pa.DataType:
+    t = leaf
+    for _ in range(depth):
+        t = {"list": pa.list_, "struct": lambda v: pa.struct([("a", v)]), "map": lambda v: pa.map_(pa.string(), v),
+             "view": pa.large_list_view}[kind](t)
+    return t
+
+
+@pytest.mark.parametrize("kind", ["list", "struct", "map", "view"])
+@pytest.mark.parametrize("depth", [64, 100, 3000])
+def test_arrow_types_nested_deeper_than_ipc_carries_are_decode_errors(kind, depth):
+    table = pa.table({"deep": pa.nulls(2, _deep_type(depth, kind)), "n": [1, 2]})
+    with pytest.raises(DecodeError, match="'deep'.*nests more than 64"):
+        adp.from_arrow(table)
+    with pytest.raises(DecodeError, match="'deep'"):
+        adp.from_arrow(table, columns=["n"])  # the whole schema is checked, not only what is read
+
+
+def test_the_deepest_type_ipc_carries_still_reads(tmp_path):
+    table = pa.table({"deep": pa.nulls(2, _deep_type(63, "list", pa.string())), "n": [1, 2]})
+    assert adp.from_ipc(_ipc_stream(table)).non_tensor_batch["deep"].tolist() == [None, None]
+    with pa.ipc.new_file(tmp_path / "deep.arrow", table.schema) as writer:
+        writer.write_table(table)
+    assert files.read_file(tmp_path / "deep.arrow").non_tensor_batch["deep"].tolist() == [None, None]
+
+
+def test_deeply_nested_object_values_encode_or_raise_encode_error(tmp_path):
+    """Values nested past Arrow's IPC depth go to JSON (then pickle); pyarrow's type inference,
+    which crashes the process on 100,000 levels, is never reached with them."""
+    result = run_python(
+        """
+        import sys, numpy as np, arrow_dataproto as adp
+        from arrow_dataproto import files
+        def nested(depth, kind):
+            v = 1
+            for _ in range(depth):
+                v = [v] if kind == "list" else {"a": v}
+            return v
+        for depth in (63, 64, 150, 100_000):
+            for kind in ("list", "dict"):
+                values = np.empty(2, dtype=object)
+                values[0] = values[1] = nested(depth, kind)
+                dp = adp.DataProto(None, {"x": values}, {})
+                try:
+                    back = adp.from_ipc(adp.to_ipc(dp), allow_pickle=True)
+                    assert back.non_tensor_batch["x"][0] == values[0]
+                    files.write_file(sys.argv[1], dp)
+                    outcome = "ok"
+                except adp.EncodeError:
+                    outcome = "EncodeError"
+                print(depth, kind, outcome)
+        print("done")
+        """,
+        str(tmp_path / "deep.arrow"),
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.split("\n")
+    assert "done" in lines
+    assert all(line.endswith("ok") for line in lines if line.startswith(("63 ", "64 ", "150 ")))
+
+
+def test_another_tools_multi_batch_stream_keeps_allow_pickle():
+    """A tool kept this format's field metadata (a pickled column) but dropped the schema's."""
+    pickled = adp.to_arrow(adp.DataProto(None, {"p": _objects((1, 2), (3,))}, {}))
+    field = pickled.schema.field("p")
+    batch = pa.RecordBatch.from_arrays([pickled.column(0)], schema=pa.schema([field]))  # no schema metadata
+    stream = _ipc_stream(pa.Table.from_batches([batch.slice(0, 1), batch.slice(1, 1)]))
+    assert pa.ipc.open_stream(stream).read_all().num_rows == 2
+    with pytest.raises(adp.PickleNotAllowedError):
+        adp.from_ipc(stream)
+    assert adp.from_ipc(stream, allow_pickle=True).non_tensor_batch["p"].tolist() == [(1, 2), (3,)]

@@ -8,6 +8,7 @@ import collections
 import enum
 import json
 import math
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -353,3 +354,47 @@ def test_pandas_round_trip_keeps_json_columns():
     back = from_pandas(df)
     assert_dataproto_equal(dp, back)
     assert adp.to_arrow(back).schema.field("scores").type == JSON_TYPE
+
+
+# ---------------------------------------------------------------- the fast exactness checks (issue 21)
+# orjson writes the text and a type census over gc.get_referents replaces the per-value walk:
+# they must accept exactly the columns the reference walk (_objects._is_json) accepts.
+
+_near_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**65), 2**65) | st.floats() | st.text(max_size=4)
+    | st.sampled_from([Color.RED, Text("s"), np.float64(1.5), (1,), b"x", "\ud800", "\ud83d\ude00", 2**63, -(2**63)]),
+    lambda inner: st.lists(inner, max_size=3) | st.tuples(inner)
+    | st.dictionaries(st.text(max_size=2) | st.sampled_from([Text("k"), 1, None]), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+def _split_pair(value) -> bool:
+    """A str holding a high surrogate then a low one (JSON reads that back as one character)."""
+    if isinstance(value, str):
+        return re.search("[\ud800-\udbff][\udc00-\udfff]", value) is not None
+    if isinstance(value, dict):
+        value = list(value.values())
+    return isinstance(value, (list, tuple)) and any(map(_split_pair, value))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_near_json, max_size=5))
+def test_fast_check_agrees_with_the_reference_walk(rows):
+    expected = all(map(_objects._is_json, rows)) and not _split_pair(rows)
+    assert (_objects._json_texts(rows) is not None) == expected
+
+
+@pytest.mark.parametrize("depth", [JSON_MAX_DEPTH - 1, JSON_MAX_DEPTH, 5000])
+def test_fast_check_keeps_the_depth_limit(depth):
+    rows = [_nested(depth), {"a": _nested(depth - 1)}]  # depth + 1 containers each
+    assert (_objects._json_texts(rows) is not None) == (depth < JSON_MAX_DEPTH)
+
+
+def test_json_decode_fast_path_and_per_row_path_agree():
+    values = objects({"a": [1, 2.5, None]}, None, "x", 1e16, {"b": {"c": -0.0}}, [], {})
+    array, metadata = encode_column("col", values)
+    texts = array.storage.to_pylist()
+    assert strict_equal(values, decode_column("col", array, metadata, allow_pickle=False))
+    respaced = _json([None if t is None else t.replace(":", ": ") for t in texts])  # each row on the slow path
+    assert strict_equal(values, decode_column("col", respaced, META, allow_pickle=False))
