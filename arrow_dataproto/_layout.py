@@ -26,6 +26,7 @@ import pyarrow as pa
 from . import _checksum, _limits
 from ._format import (
     CHECKSUMS,
+    COMPRESSION,
     DEVICE,
     DTYPE,
     KEY_PREFIX,
@@ -297,18 +298,20 @@ def verify_checksums(path: str | os.PathLike, *, max_decoded_bytes: _limits.MaxD
         if os.fstat(f.fileno()).st_size == 0:
             raise DecodeError(f"{path}: empty file")
         data = pa.py_buffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
-    schema = read_file_layout(path, row_lengths=False).schema  # the structure, checked
+    layout = read_file_layout(path, row_lengths=False)  # the structure, checked
+    schema = layout.schema
     if any(pa.types.is_dictionary(field.type) for field in schema):
         raise DecodeError(f"{path}: dictionary-encoded columns, not a file of ours with checksums")
     try:
-        if data.slice(0, len(CONTINUATION)).to_pybytes() == CONTINUATION:
+        if layout.stream:
             blocks = scan_stream(data, str(path)).blocks
         else:
-            blocks = _limits.file_blocks(data)
+            blocks = check_footer(data, schema, layout.footer, f"{path}: the footer")
     except (pa.ArrowException, OSError, ValueError, EOFError) as e:
         if isinstance(e, DecodeError):
             raise
         raise DecodeError(f"{path}: corrupt Arrow file: {e}") from e
+    schema_text = _checksum.schema_text(schema)
     allowed = _limits.limit(max_decoded_bytes, data.size)
     schema_metadata = text_metadata(schema.metadata)
     checked = 0
@@ -329,8 +332,29 @@ def verify_checksums(path: str | os.PathLike, *, max_decoded_bytes: _limits.MaxD
         recorded = metadata.get(CHECKSUMS)
         if recorded is None:
             raise DecodeError(f"{where} has no checksums (written without checksums=True)")
-        checked += _checksum.verify(batch, recorded, where)
+        checked += _checksum.verify(batch, recorded, where, i, schema_text, metadata)
     return len(blocks), checked
+
+
+def check_footer(data: pa.Buffer, schema: pa.Schema, footer_metadata: dict[str, str], where: str) -> list:
+    """Check what the footer of an IPC file (``data``, whose footer gave ``schema`` and
+    ``footer_metadata``) says against the messages before it: the same batches at the same
+    places (none left out, none twice), the same schema as the file's first message, the
+    compression its batches use. Reads the message headers only; returns the footer's blocks.
+    :class:`DecodeError` for any disagreement."""
+    try:
+        blocks = _limits.file_blocks(data)
+    except (pa.ArrowException, OSError, ValueError, IndexError) as e:
+        raise DecodeError(f"{where} is corrupt: {e}") from None
+    scanned = scan_stream(data.slice(len(MAGIC) + 2), where)  # the magic is padded to 8 bytes
+    if [(offset - 8, meta, body) for offset, meta, body in blocks] != scanned.blocks:
+        raise DecodeError(f"{where} does not list the file's {len(scanned.blocks)} record batches as they lie")
+    if not scanned.schema.equals(schema, check_metadata=True):
+        raise DecodeError(f"{where}'s schema differs from the schema at the start of the file")
+    recorded = footer_metadata.get(COMPRESSION)
+    if recorded is not None and recorded != (scanned.compression or "none"):
+        raise DecodeError(f"{where} records compression {recorded!r}, its batches use {scanned.compression or 'none'!r}")
+    return blocks
 
 
 def layout_readable(t: pa.DataType) -> bool:

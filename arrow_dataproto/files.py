@@ -101,7 +101,7 @@ from ._format import (
     text_metadata,
 )
 from ._layout import CONTINUATION as _CONTINUATION
-from ._layout import MAGIC, BatchLayout, ColumnInfo, layout_readable, open_regular, read_layout
+from ._layout import MAGIC, BatchLayout, ColumnInfo, check_footer, layout_readable, open_regular, read_layout
 from ._layout import StreamIndex as _StreamIndex
 from ._layout import header_codec as _header_codec
 from ._layout import message_header as _message_header
@@ -1111,19 +1111,7 @@ class FileReader(_Reader):
         if self._stream is not None:
             return
         reader, data = self._open_mapped()
-        where = f"{self.path}: the footer"
-        try:
-            blocks = _limits.file_blocks(data)
-        except (pa.ArrowException, OSError, ValueError, IndexError) as e:
-            raise DecodeError(f"{where} is corrupt: {e}") from None
-        scanned = _scan_stream(data.slice(len(MAGIC) + 2), str(self.path))  # the magic is padded to 8 bytes
-        if [(offset - 8, meta, body) for offset, meta, body in blocks] != scanned.blocks:
-            raise DecodeError(f"{where} does not list the file's {len(scanned.blocks)} record batches as they lie")
-        if not scanned.schema.equals(self.schema, check_metadata=True):
-            raise DecodeError(f"{where}'s schema differs from the schema at the start of the file")
-        recorded = text_metadata(reader.metadata).get(COMPRESSION)
-        if recorded is not None and recorded != (scanned.compression or "none"):
-            raise DecodeError(f"{where} records compression {recorded!r}, its batches use {scanned.compression or 'none'!r}")
+        check_footer(data, self.schema, text_metadata(reader.metadata), f"{self.path}: the footer")
 
     def verify(self) -> int:
         """Check every buffer of every batch against the checksums written with it; returns the
