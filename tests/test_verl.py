@@ -451,10 +451,24 @@ SETUP_HOOK_SCRIPT = textwrap.dedent(
             dp.batch["x"] = dp.batch["x"] * 2
             return adp_verl.is_installed(), dp
 
+        def threads(self):
+            import os
+            return torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+
+    @ray.remote
+    class Plain:  # never sees a DataProto: the hook must have imported nothing heavy
+        def modules(self):
+            import sys
+            return [m for m in ("torch", "pyarrow", "tensordict", "verl.protocol") if m in sys.modules]
+
+    assert ray.get(Plain.remote().modules.remote()) == []
     dp = DataProto(TensorDict({"x": torch.arange(6).view(3, 2)}, batch_size=[3]))
-    patched, result = ray.get(Worker.remote().double.remote(dp))
+    worker = Worker.remote()
+    patched, result = ray.get(worker.double.remote(dp))
     assert patched and type(result) is DataProto, (patched, type(result))
     assert torch.equal(result.batch["x"], torch.arange(6).view(3, 2) * 2)
+    threads, omp = ray.get(worker.threads.remote())  # torch imported after Ray set the worker's thread count
+    assert omp is not None and threads == int(omp), (threads, omp)
     print("hook ok")
     """
 )
