@@ -483,3 +483,94 @@ def test_verl_env_var_selects_arrow_in_ray_workers(verl_dataproto, tmp_path):
         [sys.executable, "-c", SETUP_HOOK_SCRIPT], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0 and "hook ok" in result.stdout, result.stderr[-3000:]
+
+
+# ---------------------------------------------------------------- damaged pickles of verl's class (load_from_disk)
+
+
+class _Reduced:
+    """Pickles as ``fn(*args)`` (then ``BUILD state`` if given): writes a chosen pickle without hand-made opcodes."""
+
+    def __init__(self, fn, args, state=None):
+        self.fn, self.args, self.state = fn, args, state
+
+    def __reduce__(self):
+        return (self.fn, self.args) if self.state is None else (self.fn, self.args, self.state)
+
+
+_core = np._core.multiarray if hasattr(np, "_core") else np.core.multiarray
+DAMAGED = {  # each crashes numpy's own unpickling or raises an exception outside DataProtoError
+    "scalar of object dtype (a pointer read from bytes)": _Reduced(_core.scalar, (np.dtype(object), b"\x01" * 8)),
+    "dtype state with the object flag on int64": _Reduced(
+        np.dtype, ("i8", False, True), (3, "<", None, None, None, -1, -1, 63)
+    ),
+    "dtype state with another item size": _Reduced(np.dtype, ("U1", False, True), (3, "<", None, None, None, 4096, 4, 8)),
+    "array bytes shorter than its shape": _Reduced(
+        _core._reconstruct, (np.ndarray, (0,), b"b"), (1, (10,), np.dtype("i8"), False, b"\0" * 8)
+    ),
+    "object array with fewer items than its shape": _Reduced(
+        _core._reconstruct, (np.ndarray, (0,), b"b"), (1, (3,), np.dtype(object), False, [1])
+    ),
+    "array of a huge shape": _Reduced(
+        _core._reconstruct, (np.ndarray, (0,), b"b"), (1, (2**40, 2**40), np.dtype("i8"), False, b"")
+    ),
+    "array of an ndarray subclass": _Reduced(_core._reconstruct, (np.matrix, (0,), b"b"), (1, (1, 1), np.dtype("i8"), False, b"\0" * 8)),
+    "KeyError from a named function": _Reduced(__import__("operator").getitem, ({}, "missing")),
+    "OverflowError from a named function": _Reduced(__import__("math").factorial, (10**400,)),
+    "AssertionError from a named function": _Reduced(__import__("unittest").TestCase("run").assertTrue, (False,)),
+    "nesting deeper than the limit": None,  # built below
+}
+
+
+def _damaged_file(tmp_path, name) -> "os.PathLike":
+    value = DAMAGED[name]
+    if value is None:
+        value = _Reduced(_core._reconstruct, (np.ndarray, (0,), b"b"), (1, (1,), np.dtype(object), False, [[]]))
+        for _ in range(300):
+            value = [value]
+    state = (None, {"uid": np.array(["a"], dtype=object)}, {"damaged": value})
+    path = tmp_path / "verl.pkl"
+    path.write_bytes(b"\x80\x04c__main__\nNotVerl\n" if False else _verl_pickle(state))
+    return path
+
+
+def _verl_pickle(state) -> bytes:
+    """A pickle of verl's DataProto with ``state`` (what ``copyreg.__newobj__`` + BUILD write), built without verl."""
+    body = pickle.dumps(state, protocol=2)[2:-1]  # no PROTO, no STOP: the state's opcodes alone
+    return b"\x80\x02cverl.protocol\nDataProto\n)\x81" + body + b"b."
+
+
+@pytest.mark.parametrize("name", DAMAGED)
+def test_damaged_verl_pickles_raise_decode_error_and_never_crash(tmp_path, name):
+    from arrow_dataproto import DataProto
+
+    with pytest.raises(DecodeError):
+        DataProto.load_from_disk(_damaged_file(tmp_path, name), allow_pickle=True)
+
+
+def test_verl_pickles_of_numpy_values_load_as_numpy_wrote_them(tmp_path):
+    from arrow_dataproto import DataProto
+
+    values = {
+        "object": np.array(["a", {"k": np.int64(3)}, [np.arange(2.0)]], dtype=object),
+        "float32": np.arange(3, dtype=np.float32), "fortran": np.asfortranarray(np.arange(6).reshape(3, 2)),
+        "unicode": np.array(["xy", "z", ""]), "datetime": np.array(["2026-12-03"] * 3, dtype="datetime64[D]"),
+    }
+    meta = {"scalar": np.float16(1.5), "array": np.arange(4, dtype=np.uint8), "dtype": np.dtype("<i2"), "set": {1}}
+    for protocol in (2, 4, 5):
+        body = pickle.dumps((None, values, meta), protocol=protocol)
+        path = tmp_path / "ok.pkl"
+        path.write_bytes(_verl_pickle((None, values, meta)) if protocol == 2 else _verl_pickle_any(body))
+        loaded = DataProto.load_from_disk(path, allow_pickle=True)
+        for key, array in values.items():
+            got = loaded.non_tensor_batch[key]
+            assert got.dtype == array.dtype and got.shape == array.shape and got.flags.f_contiguous == array.flags.f_contiguous
+            assert repr(got.tolist()) == repr(array.tolist()), key
+        assert loaded.meta_info["scalar"] == meta["scalar"] and type(loaded.meta_info["scalar"]) is np.float16
+        assert loaded.meta_info["array"].tolist() == [0, 1, 2, 3] and loaded.meta_info["dtype"] == meta["dtype"]
+        assert loaded.meta_info["set"] == {1}
+
+
+def _verl_pickle_any(state_pickle: bytes) -> bytes:
+    """The state pickled at any protocol, loaded inside a verl-shaped pickle (protocol 2 framing around it)."""
+    return _verl_pickle(pickle.loads(state_pickle))

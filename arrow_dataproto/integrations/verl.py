@@ -320,9 +320,24 @@ class _Dtype:
             raise DecodeError(f"pickled numpy dtype {name!r}: structured and sub-array dtypes are not read")
 
     def __setstate__(self, state: Any) -> None:
+        if self.value.kind in "mM" and isinstance(state, tuple) and len(state) == 9:
+            self.value = _datetime_dtype(self.value, state[8])
         expected = self.value.__reduce__()[2]
         if state != expected:  # a state numpy did not write for this dtype: flags, sizes or fields edited
             raise DecodeError(f"pickled numpy dtype {self.value}: state {str(state)[:80]} is not {expected}")
+
+
+def _datetime_dtype(generic: Any, metadata: Any) -> Any:
+    """The datetime64/timedelta64 dtype whose unit the state's metadata ``(None, (unit, count, 1, 1))`` names."""
+    import numpy as np
+
+    try:
+        unit, count = metadata[1][0], metadata[1][1]
+        if isinstance(unit, bytes) and type(count) is int and 0 < count < 2**31 and len(unit) <= 8:
+            return np.dtype(f"{generic.str}[{count}{unit.decode('ascii')}]")
+    except (TypeError, IndexError, KeyError, ValueError, UnicodeDecodeError):
+        pass
+    raise DecodeError(f"pickled numpy dtype {generic}: malformed unit {str(metadata)[:80]}")
 
 
 def _dtype_of(value: Any) -> Any:
@@ -383,7 +398,7 @@ def _build_array(data: Any, dtype: Any, shape: Any, order: str) -> Any:
     if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) != count * dtype.itemsize:
         size = len(data) if isinstance(data, (bytes, bytearray, memoryview)) else type(data).__name__
         raise DecodeError(f"pickled numpy array: {size} bytes for shape {shape} of {dtype}")
-    return np.frombuffer(data, dtype=dtype, count=count).reshape(shape, order=order).copy()  # type: ignore[call-overload]
+    return np.frombuffer(data, dtype=dtype, count=count).reshape(shape, order=order).copy(order="K")  # type: ignore[call-overload]
 
 
 def _frombuffer(data: Any, dtype: Any, shape: Any, order: Any) -> Any:
