@@ -574,3 +574,55 @@ def test_verl_pickles_of_numpy_values_load_as_numpy_wrote_them(tmp_path):
 def _verl_pickle_any(state_pickle: bytes) -> bytes:
     """The state pickled at any protocol, loaded inside a verl-shaped pickle (protocol 2 framing around it)."""
     return _verl_pickle(pickle.loads(state_pickle))
+
+
+@pytest.mark.verl
+def test_main_ppo_hydra_overrides_reach_ray_init(verl_dataproto, monkeypatch):
+    """The two overrides of the README make verl's own launcher start Ray with our hook and variable."""
+    hydra = pytest.importorskip("hydra", reason="hydra-core is not installed")
+    main_ppo = pytest.importorskip("verl.trainer.main_ppo", reason="verl.trainer.main_ppo does not import here")
+    overrides = [
+        "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=arrow_dataproto.integrations.verl.install_from_env",
+        "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_DATAPROTO_SERIALIZATION_METHOD=arrow",
+    ]
+    with hydra.initialize_config_dir(config_dir=os.path.join(os.path.dirname(main_ppo.__file__), "config"), version_base=None):
+        config = hydra.compose("ppo_trainer", overrides=overrides)
+    seen: dict = {}
+
+    class Stop(Exception):
+        pass
+
+    def init(**kwargs):
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(main_ppo.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(main_ppo.ray, "init", init)
+    with pytest.raises(Stop):
+        main_ppo.run_ppo(config, task_runner_class=None)
+    runtime_env = seen["runtime_env"]
+    assert runtime_env["worker_process_setup_hook"] == "arrow_dataproto.integrations.verl.install_from_env"
+    assert runtime_env["env_vars"][adp_verl.ENV_VAR] == "arrow"
+    assert runtime_env["env_vars"]["TOKENIZERS_PARALLELISM"] == "true"  # verl's own defaults are kept
+
+
+@pytest.mark.verl
+@pytest.mark.parametrize("mode", [None, "numpy"])
+def test_to_verl_from_verl_share_tensors_and_verl_readable_files(verl_dataproto, tmp_path, monkeypatch, mode):
+    from arrow_dataproto import DataProto
+
+    ours = DataProto(TensorDict({"x": torch.arange(6).view(3, 2)}, batch_size=[3]), {"uid": np.array(["a", "b", "c"], dtype=object)}, {"k": 1})
+    theirs = adp_verl.to_verl(ours)
+    assert type(theirs) is verl_dataproto and theirs.batch is ours.batch
+    back = adp_verl.from_verl(theirs)
+    assert type(back) is DataProto and back.batch is ours.batch and back.meta_info == {"k": 1}
+    if mode:
+        monkeypatch.setenv(adp_verl.ENV_VAR, mode)
+    adp_verl.install()
+    try:
+        adp_verl.save_verl_readable(theirs, tmp_path / "v.pkl")
+    finally:
+        adp_verl.uninstall()
+    assert MODULE not in (tmp_path / "v.pkl").read_bytes()  # names no arrow_dataproto: verl reads it alone
+    loaded = verl_dataproto.load_from_disk(str(tmp_path / "v.pkl"))  # unpatched verl
+    assert torch.equal(loaded.batch["x"], ours.batch["x"]) and list(loaded.non_tensor_batch["uid"]) == ["a", "b", "c"]

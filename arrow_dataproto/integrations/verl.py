@@ -63,6 +63,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ENV_VAR",
+    "from_verl",
+    "save_verl_readable",
+    "to_verl",
     "VerlNotFoundError",
     "install",
     "install_from_env",
@@ -225,6 +228,49 @@ def _deepcopy(self, memo: dict) -> Any:
     result = _new(type(self), batch, copy.deepcopy(self.non_tensor_batch, memo), copy.deepcopy(self.meta_info, memo))
     memo[id(self)] = result
     return result
+
+
+# ---------------------------------------------------------------- across the two classes
+
+
+def to_verl(data: Any) -> Any:
+    """``data`` (an :class:`arrow_dataproto.DataProto`) as verl's ``DataProto``, sharing its
+    TensorDict and arrays: zero-copy, no constructor checks (ours has made them). What
+    verl's worker groups accept (their dispatch asserts verl's own class). Raises
+    :class:`VerlNotFoundError` without verl."""
+    return _new(verl_dataproto_class(), data.batch, data.non_tensor_batch, data.meta_info)
+
+
+def from_verl(data: Any) -> Any:
+    """verl's ``DataProto`` (or any object with its three fields) as an
+    :class:`arrow_dataproto.DataProto` over the same TensorDict: zero-copy for the tensors;
+    ``non_tensor_batch`` and ``meta_info`` are new dicts of the same values (lists become
+    object arrays, as in our constructor)."""
+    from .._container import DataProto
+
+    return DataProto(data.batch, data.non_tensor_batch, data.meta_info)
+
+
+def save_verl_readable(data: Any, path: str | os.PathLike) -> None:
+    """Write verl's ``DataProto`` ``data`` as verl's own ``save_to_disk`` writes it without
+    this library: verl's ``__getstate__`` (its default or numpy mode, as
+    ``VERL_DATAPROTO_SERIALIZATION_METHOD`` selects; ``arrow`` counts as the default), so that
+    an environment without arrow-dataproto reads it with ``DataProto.load_from_disk``.
+    Under :func:`install`, verl's ``save_to_disk`` writes an Arrow pickle instead, which
+    needs this library to load."""
+    import copyreg
+
+    cls = type(data)
+    state = cls.__getstate__(data)  # verl's own: install() patches only __reduce_ex__ and __setstate__
+
+    class _Pickler(pickle.Pickler):
+        def reducer_override(self, obj: Any) -> Any:
+            if obj is data:
+                return copyreg.__newobj__, (cls,), state
+            return NotImplemented
+
+    with open(path, "wb") as f:
+        _Pickler(f).dump(data)
 
 
 # ---------------------------------------------------------------- states pickled by an unpatched verl
