@@ -626,3 +626,22 @@ def test_to_verl_from_verl_share_tensors_and_verl_readable_files(verl_dataproto,
     assert MODULE not in (tmp_path / "v.pkl").read_bytes()  # names no arrow_dataproto: verl reads it alone
     loaded = verl_dataproto.load_from_disk(str(tmp_path / "v.pkl"))  # unpatched verl
     assert torch.equal(loaded.batch["x"], ours.batch["x"]) and list(loaded.non_tensor_batch["uid"]) == ["a", "b", "c"]
+
+
+@pytest.mark.verl
+def test_worker_group_benchmark_at_tiny_size(verl_dataproto, tmp_path):
+    """benchmarks/bench_verl_e2e.py --quick: verl's RayWorkerGroup in every mode, each result checked exactly
+    inside the script (its own Ray: the setup hook is per job). The timing is not judged."""
+    pytest.importorskip("verl.single_controller.ray", reason="verl.single_controller does not import here")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    out = tmp_path / "verl_e2e.md"
+    result = subprocess.run(
+        [sys.executable, os.path.join(root, "benchmarks", "bench_verl_e2e.py"), "--quick", "--out", str(out)],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = out.read_text()
+    for mode in ("verl_default", "verl_numpy", "install"):
+        assert f"| {mode} |" in report
