@@ -266,7 +266,7 @@ def save_verl_readable(data: Any, path: str | os.PathLike) -> None:
     class _Pickler(pickle.Pickler):
         def reducer_override(self, obj: Any) -> Any:
             if obj is data:
-                return copyreg.__newobj__, (cls,), state
+                return copyreg.__newobj__, (cls,), state  # type: ignore[attr-defined]
             return NotImplemented
 
     with open(path, "wb") as f:
