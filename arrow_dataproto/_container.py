@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy as _copy
 import math
 import os
-import pickle
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence, SupportsIndex, cast, overload
 
@@ -612,9 +611,7 @@ class DataProto:
         with open(filepath, "rb") as f:
             try:
                 loaded = unpickle(f)
-            except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, IndexError, TypeError, ValueError) as e:
-                if isinstance(e, DecodeError):
-                    raise
+            except DecodeError as e:  # every error of a damaged pickle (unpickle's contract)
                 raise DecodeError(f"{os.fspath(filepath)!r} is neither an Arrow file nor a readable DataProto pickle: {e}") from e
         if isinstance(loaded, DataProto):
             return loaded

@@ -31,6 +31,8 @@ if [ "$profile" = compat ]; then
     # verl pins dependencies it does not need to import its protocol module: take the package alone.
     "${pip[@]}" --no-deps verl==0.9.1
     "${pip[@]}" -c "$constraints" omegaconf transformers
+    # verl.single_controller and verl.trainer.main_ppo (the worker-group benchmark and the Hydra test)
+    "${pip[@]}" -c "$constraints" codetiming hydra-core
 fi
 rm -f "$venv"/.installed-*
 touch "$stamp"

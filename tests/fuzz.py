@@ -163,7 +163,7 @@ from tensordict import TensorDict
 import arrow_dataproto as adp
 from arrow_dataproto import files as adp_files
 from arrow_dataproto import pandas as adp_pandas
-from arrow_dataproto import pickling
+from arrow_dataproto import pickling, verl_api
 from arrow_dataproto.testing import assert_dataproto_equal, sample_dataproto, strict_equal
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -229,6 +229,23 @@ def _plain_state(value: Any) -> Any:
 def _decode_state(state: list) -> adp.DataProto:
     schema_bytes, num_rows, columns = state
     return pickling.rebuild_dataproto(schema_bytes, num_rows, columns)
+
+
+def _encode_verl_pickle(dp: adp.DataProto) -> bytes:
+    """The seed as verl's numpy-mode ``save_to_disk`` writes it (built without verl; nested TensorDicts,
+    which that mode cannot hold, left out): ``copyreg.__newobj__(verl.protocol.DataProto)`` + BUILD state."""
+    from tensordict import TensorDict, is_tensor_collection
+
+    batch = None
+    if dp.batch is not None:
+        leaves = {k: v for k, v in dp.batch.items() if not is_tensor_collection(v)}
+        batch = verl_api.serialize_tensordict(TensorDict(leaves, batch_size=dp.batch.batch_size))
+    body = pickle.dumps((batch, dp.non_tensor_batch, dp.meta_info), protocol=2)[2:-1]  # the state's opcodes
+    return b"\x80\x02cverl.protocol\nDataProto\n)\x81" + body + b"b."
+
+
+def _load_verl_pickle(path: str, out: str) -> adp.DataProto:
+    return adp.DataProto.load_from_disk(path, allow_pickle=True)
 
 
 def _encode_file(dp: adp.DataProto, compression: str | None, checksums: bool = False) -> bytes:
@@ -704,6 +721,14 @@ def targets() -> dict[str, Target]:
     )
     found += writer_targets()
     found += _json_foreign_targets()
+    found.append(
+        Target(  # damaged verl pickles (load_from_disk(allow_pickle=True)): DecodeError, never a crash
+            "verl-pickle",
+            encode=_encode_verl_pickle,
+            decode=lambda payload: _in_folder(payload, _load_verl_pickle),
+            mutate=lambda payload, rng, corpus, target: _mutate_bytes(payload, rng, corpus.donor(target, rng)),
+        )
+    )
     return {t.name: t for t in found}
 
 

@@ -451,10 +451,24 @@ SETUP_HOOK_SCRIPT = textwrap.dedent(
             dp.batch["x"] = dp.batch["x"] * 2
             return adp_verl.is_installed(), dp
 
+        def threads(self):
+            import os
+            return torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+
+    @ray.remote
+    class Plain:  # never sees a DataProto: the hook must have imported nothing heavy
+        def modules(self):
+            import sys
+            return [m for m in ("torch", "pyarrow", "tensordict", "verl.protocol") if m in sys.modules]
+
+    assert ray.get(Plain.remote().modules.remote()) == []
     dp = DataProto(TensorDict({"x": torch.arange(6).view(3, 2)}, batch_size=[3]))
-    patched, result = ray.get(Worker.remote().double.remote(dp))
+    worker = Worker.remote()
+    patched, result = ray.get(worker.double.remote(dp))
     assert patched and type(result) is DataProto, (patched, type(result))
     assert torch.equal(result.batch["x"], torch.arange(6).view(3, 2) * 2)
+    threads, omp = ray.get(worker.threads.remote())  # torch imported after Ray set the worker's thread count
+    assert omp is not None and threads == int(omp), (threads, omp)
     print("hook ok")
     """
 )
@@ -469,3 +483,165 @@ def test_verl_env_var_selects_arrow_in_ray_workers(verl_dataproto, tmp_path):
         [sys.executable, "-c", SETUP_HOOK_SCRIPT], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0 and "hook ok" in result.stdout, result.stderr[-3000:]
+
+
+# ---------------------------------------------------------------- damaged pickles of verl's class (load_from_disk)
+
+
+class _Reduced:
+    """Pickles as ``fn(*args)`` (then ``BUILD state`` if given): writes a chosen pickle without hand-made opcodes."""
+
+    def __init__(self, fn, args, state=None):
+        self.fn, self.args, self.state = fn, args, state
+
+    def __reduce__(self):
+        return (self.fn, self.args) if self.state is None else (self.fn, self.args, self.state)
+
+
+_core = np._core.multiarray if hasattr(np, "_core") else np.core.multiarray
+DAMAGED = {  # each crashes numpy's own unpickling or raises an exception outside DataProtoError
+    "scalar of object dtype (a pointer read from bytes)": _Reduced(_core.scalar, (np.dtype(object), b"\x01" * 8)),
+    "dtype state with the object flag on int64": _Reduced(
+        np.dtype, ("i8", False, True), (3, "<", None, None, None, -1, -1, 63)
+    ),
+    "dtype state with another item size": _Reduced(np.dtype, ("U1", False, True), (3, "<", None, None, None, 4096, 4, 8)),
+    "array bytes shorter than its shape": _Reduced(
+        _core._reconstruct, (np.ndarray, (0,), b"b"), (1, (10,), np.dtype("i8"), False, b"\0" * 8)
+    ),
+    "object array with fewer items than its shape": _Reduced(
+        _core._reconstruct, (np.ndarray, (0,), b"b"), (1, (3,), np.dtype(object), False, [1])
+    ),
+    "array of a huge shape": _Reduced(
+        _core._reconstruct, (np.ndarray, (0,), b"b"), (1, (2**40, 2**40), np.dtype("i8"), False, b"")
+    ),
+    "array of an ndarray subclass": _Reduced(_core._reconstruct, (np.matrix, (0,), b"b"), (1, (1, 1), np.dtype("i8"), False, b"\0" * 8)),
+    "KeyError from a named function": _Reduced(__import__("operator").getitem, ({}, "missing")),
+    "OverflowError from a named function": _Reduced(__import__("math").factorial, (10**400,)),
+    "AssertionError from a named function": _Reduced(__import__("unittest").TestCase("run").assertTrue, (False,)),
+    "nesting deeper than the limit": None,  # built below
+}
+
+
+def _damaged_file(tmp_path, name) -> "os.PathLike":
+    value = DAMAGED[name]
+    if value is None:
+        value = _Reduced(_core._reconstruct, (np.ndarray, (0,), b"b"), (1, (1,), np.dtype(object), False, [[]]))
+        for _ in range(300):
+            value = [value]
+    state = (None, {"uid": np.array(["a"], dtype=object)}, {"damaged": value})
+    path = tmp_path / "verl.pkl"
+    path.write_bytes(b"\x80\x04c__main__\nNotVerl\n" if False else _verl_pickle(state))
+    return path
+
+
+def _verl_pickle(state) -> bytes:
+    """A pickle of verl's DataProto with ``state`` (what ``copyreg.__newobj__`` + BUILD write), built without verl."""
+    body = pickle.dumps(state, protocol=2)[2:-1]  # no PROTO, no STOP: the state's opcodes alone
+    return b"\x80\x02cverl.protocol\nDataProto\n)\x81" + body + b"b."
+
+
+@pytest.mark.parametrize("name", DAMAGED)
+def test_damaged_verl_pickles_raise_decode_error_and_never_crash(tmp_path, name):
+    from arrow_dataproto import DataProto
+
+    with pytest.raises(DecodeError):
+        DataProto.load_from_disk(_damaged_file(tmp_path, name), allow_pickle=True)
+
+
+def test_verl_pickles_of_numpy_values_load_as_numpy_wrote_them(tmp_path):
+    from arrow_dataproto import DataProto
+
+    values = {
+        "object": np.array(["a", {"k": np.int64(3)}, [np.arange(2.0)]], dtype=object),
+        "float32": np.arange(3, dtype=np.float32), "fortran": np.asfortranarray(np.arange(6).reshape(3, 2)),
+        "unicode": np.array(["xy", "z", ""]), "datetime": np.array(["2026-12-03"] * 3, dtype="datetime64[D]"),
+    }
+    meta = {"scalar": np.float16(1.5), "array": np.arange(4, dtype=np.uint8), "dtype": np.dtype("<i2"), "set": {1}}
+    for protocol in (2, 4, 5):
+        body = pickle.dumps((None, values, meta), protocol=protocol)
+        path = tmp_path / "ok.pkl"
+        path.write_bytes(_verl_pickle((None, values, meta)) if protocol == 2 else _verl_pickle_any(body))
+        loaded = DataProto.load_from_disk(path, allow_pickle=True)
+        for key, array in values.items():
+            got = loaded.non_tensor_batch[key]
+            assert got.dtype == array.dtype and got.shape == array.shape and got.flags.f_contiguous == array.flags.f_contiguous
+            assert repr(got.tolist()) == repr(array.tolist()), key
+        assert loaded.meta_info["scalar"] == meta["scalar"] and type(loaded.meta_info["scalar"]) is np.float16
+        assert loaded.meta_info["array"].tolist() == [0, 1, 2, 3] and loaded.meta_info["dtype"] == meta["dtype"]
+        assert loaded.meta_info["set"] == {1}
+
+
+def _verl_pickle_any(state_pickle: bytes) -> bytes:
+    """The state pickled at any protocol, loaded inside a verl-shaped pickle (protocol 2 framing around it)."""
+    return _verl_pickle(pickle.loads(state_pickle))
+
+
+@pytest.mark.verl
+def test_main_ppo_hydra_overrides_reach_ray_init(verl_dataproto, monkeypatch):
+    """The two overrides of the README make verl's own launcher start Ray with our hook and variable."""
+    hydra = pytest.importorskip("hydra", reason="hydra-core is not installed")
+    main_ppo = pytest.importorskip("verl.trainer.main_ppo", reason="verl.trainer.main_ppo does not import here")
+    overrides = [
+        "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=arrow_dataproto.integrations.verl.install_from_env",
+        "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_DATAPROTO_SERIALIZATION_METHOD=arrow",
+    ]
+    with hydra.initialize_config_dir(config_dir=os.path.join(os.path.dirname(main_ppo.__file__), "config"), version_base=None):
+        config = hydra.compose("ppo_trainer", overrides=overrides)
+    seen: dict = {}
+
+    class Stop(Exception):
+        pass
+
+    def init(**kwargs):
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(main_ppo.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(main_ppo.ray, "init", init)
+    with pytest.raises(Stop):
+        main_ppo.run_ppo(config, task_runner_class=None)
+    runtime_env = seen["runtime_env"]
+    assert runtime_env["worker_process_setup_hook"] == "arrow_dataproto.integrations.verl.install_from_env"
+    assert runtime_env["env_vars"][adp_verl.ENV_VAR] == "arrow"
+    assert runtime_env["env_vars"]["TOKENIZERS_PARALLELISM"] == "true"  # verl's own defaults are kept
+
+
+@pytest.mark.verl
+@pytest.mark.parametrize("mode", [None, "numpy"])
+def test_to_verl_from_verl_share_tensors_and_verl_readable_files(verl_dataproto, tmp_path, monkeypatch, mode):
+    from arrow_dataproto import DataProto
+
+    ours = DataProto(TensorDict({"x": torch.arange(6).view(3, 2)}, batch_size=[3]), {"uid": np.array(["a", "b", "c"], dtype=object)}, {"k": 1})
+    theirs = adp_verl.to_verl(ours)
+    assert type(theirs) is verl_dataproto and theirs.batch is ours.batch
+    back = adp_verl.from_verl(theirs)
+    assert type(back) is DataProto and back.batch is ours.batch and back.meta_info == {"k": 1}
+    if mode:
+        monkeypatch.setenv(adp_verl.ENV_VAR, mode)
+    adp_verl.install()
+    try:
+        adp_verl.save_verl_readable(theirs, tmp_path / "v.pkl")
+    finally:
+        adp_verl.uninstall()
+    assert MODULE not in (tmp_path / "v.pkl").read_bytes()  # names no arrow_dataproto: verl reads it alone
+    loaded = verl_dataproto.load_from_disk(str(tmp_path / "v.pkl"))  # unpatched verl
+    assert torch.equal(loaded.batch["x"], ours.batch["x"]) and list(loaded.non_tensor_batch["uid"]) == ["a", "b", "c"]
+
+
+@pytest.mark.verl
+def test_worker_group_benchmark_at_tiny_size(verl_dataproto, tmp_path):
+    """benchmarks/bench_verl_e2e.py --quick: verl's RayWorkerGroup in every mode, each result checked exactly
+    inside the script (its own Ray: the setup hook is per job). The timing is not judged."""
+    pytest.importorskip("verl.single_controller.ray", reason="verl.single_controller does not import here")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    out = tmp_path / "verl_e2e.md"
+    result = subprocess.run(
+        [sys.executable, os.path.join(root, "benchmarks", "bench_verl_e2e.py"), "--quick", "--out", str(out)],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = out.read_text()
+    for mode in ("verl_default", "verl_numpy", "install"):
+        assert f"| {mode} |" in report

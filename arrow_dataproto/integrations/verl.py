@@ -12,8 +12,11 @@ pickle protocol 5 (Ray) every tensor's bytes travel out of band, so Ray copies
 them once into its object store. The pickle names :func:`rebuild`, so any
 process where arrow-dataproto is importable unpickles it as verl's own class,
 patched or not, under that process's :class:`~arrow_dataproto.ReceiveOptions`
-(by default tensors own their memory; ``copy=False`` views the received
-buffers, read-only contract; ``device=`` decodes onto a device). Only the three
+(by default, copy-on-write views of Ray's shared-memory object store:
+private to this process, a write copies only the pages it touches; buffers
+not in shared memory are copied; ``copy=True`` copies every tensor,
+``copy=False`` views the received buffers, read-only contract; ``device=``
+decodes onto a device). Only the three
 fields travel: attributes a subclass adds are not carried.
 
 A patched class still loads what an unpatched verl pickled: both its default
@@ -45,23 +48,24 @@ shares ``non_tensor_batch`` and ``meta_info``, ``copy.deepcopy`` copies them too
 from __future__ import annotations
 
 import copy
-import io
-import math
+import importlib.abc
+import importlib.machinery
 import os
 import pickle
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
-from tensordict import TensorDict, is_tensor_collection
-
-from .._codec import device_available, to_arrow
-from .._dtypes import dtype_from_name
 from ..errors import DecodeError, column_error
-from ..pickling import get_receive_options, rebuild_dataproto, transport_state
+
+if TYPE_CHECKING:
+    import torch
+    from tensordict import TensorDict
 
 __all__ = [
     "ENV_VAR",
+    "from_verl",
+    "save_verl_readable",
+    "to_verl",
     "VerlNotFoundError",
     "install",
     "install_from_env",
@@ -137,13 +141,54 @@ def is_installed(cls: type | None = None) -> bool:
 def install_from_env() -> bool:
     """:func:`install` if ``VERL_DATAPROTO_SERIALIZATION_METHOD`` is ``arrow``; returns whether it did.
 
-    Meant as Ray's ``worker_process_setup_hook`` (see the module docstring).
-    Any other value, or none, leaves verl's own pickling in place.
+    Meant as Ray's ``worker_process_setup_hook`` (see the module docstring), so
+    it imports nothing heavy: if ``verl.protocol`` is not imported yet, the class
+    is patched when it is (an import hook on ``sys.meta_path``, removed once it
+    has fired). A worker that never imports verl pays nothing, and torch is not
+    imported before Ray has set the worker's ``OMP_NUM_THREADS``. Any other
+    value, or none, leaves verl's own pickling in place.
     """
     if os.environ.get(ENV_VAR) != "arrow":
         return False
-    install()
+    if _VERL_MODULE in sys.modules:
+        install()
+    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport())
     return True
+
+
+_VERL_MODULE = "verl.protocol"
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Finds ``verl.protocol`` with the other finders and runs :func:`install` on its class once it has loaded."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != _VERL_MODULE:
+            return None
+        sys.meta_path.remove(self)  # fires once; the other finders locate the module
+        for finder in sys.meta_path:
+            spec = finder.find_spec(fullname, path, target) if hasattr(finder, "find_spec") else None
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is None:
+            return spec
+        spec.loader = _InstallingLoader(spec.loader)
+        return spec
+
+
+class _InstallingLoader(importlib.abc.Loader):
+    def __init__(self, loader: Any):
+        self.loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.loader.exec_module(module)
+        install(module.DataProto)
 
 
 def _new(cls: type[object], batch: Any, non_tensor_batch: dict, meta_info: dict) -> Any:
@@ -154,6 +199,9 @@ def _new(cls: type[object], batch: Any, non_tensor_batch: dict, meta_info: dict)
 
 
 def _reduce_ex(self, protocol: int) -> tuple:
+    from .._codec import to_arrow
+    from ..pickling import transport_state
+
     return rebuild, (type(self), *transport_state(to_arrow(self)))
 
 
@@ -164,6 +212,8 @@ def rebuild(cls: type, schema_bytes: bytes, num_rows: int, columns: list[tuple])
     the payload (rows of every column, shapes, offsets) and raises
     :class:`DecodeError` for a malformed one; ``cls``'s constructor is not run again.
     """
+    from ..pickling import rebuild_dataproto
+
     decoded = rebuild_dataproto(schema_bytes, num_rows, columns)
     return _new(cls, decoded.batch, decoded.non_tensor_batch, decoded.meta_info)
 
@@ -178,6 +228,49 @@ def _deepcopy(self, memo: dict) -> Any:
     result = _new(type(self), batch, copy.deepcopy(self.non_tensor_batch, memo), copy.deepcopy(self.meta_info, memo))
     memo[id(self)] = result
     return result
+
+
+# ---------------------------------------------------------------- across the two classes
+
+
+def to_verl(data: Any) -> Any:
+    """``data`` (an :class:`arrow_dataproto.DataProto`) as verl's ``DataProto``, sharing its
+    TensorDict and arrays: zero-copy, no constructor checks (ours has made them). What
+    verl's worker groups accept (their dispatch asserts verl's own class). Raises
+    :class:`VerlNotFoundError` without verl."""
+    return _new(verl_dataproto_class(), data.batch, data.non_tensor_batch, data.meta_info)
+
+
+def from_verl(data: Any) -> Any:
+    """verl's ``DataProto`` (or any object with its three fields) as an
+    :class:`arrow_dataproto.DataProto` over the same TensorDict: zero-copy for the tensors;
+    ``non_tensor_batch`` and ``meta_info`` are new dicts of the same values (lists become
+    object arrays, as in our constructor)."""
+    from .._container import DataProto
+
+    return DataProto(data.batch, data.non_tensor_batch, data.meta_info)
+
+
+def save_verl_readable(data: Any, path: str | os.PathLike) -> None:
+    """Write verl's ``DataProto`` ``data`` as verl's own ``save_to_disk`` writes it without
+    this library: verl's ``__getstate__`` (its default or numpy mode, as
+    ``VERL_DATAPROTO_SERIALIZATION_METHOD`` selects; ``arrow`` counts as the default), so that
+    an environment without arrow-dataproto reads it with ``DataProto.load_from_disk``.
+    Under :func:`install`, verl's ``save_to_disk`` writes an Arrow pickle instead, which
+    needs this library to load."""
+    import copyreg
+
+    cls = type(data)
+    state = cls.__getstate__(data)  # verl's own: install() patches only __reduce_ex__ and __setstate__
+
+    class _Pickler(pickle.Pickler):
+        def reducer_override(self, obj: Any) -> Any:
+            if obj is data:
+                return copyreg.__newobj__, (cls,), state  # type: ignore[attr-defined]
+            return NotImplemented
+
+    with open(path, "wb") as f:
+        _Pickler(f).dump(data)
 
 
 # ---------------------------------------------------------------- states pickled by an unpatched verl
@@ -196,7 +289,7 @@ def load_state(self: Any, state: Any) -> None:
     """
     if not (isinstance(state, tuple) and len(state) == 3):
         raise DecodeError(f"not a verl DataProto state: expected a 3-tuple, got {_describe(state)}")
-    encoded, non_tensor_batch, meta_info = state
+    encoded, non_tensor_batch, meta_info = _resolve(state, 0)
     if encoded is None:
         batch = None
     elif isinstance(encoded, (bytes, bytearray, memoryview)):
@@ -225,6 +318,8 @@ class _Unpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) == ("verl.protocol", "DataProto"):
             return VerlState
+        if module in _NUMPY_MODULES and name in _NUMPY_STANDINS:
+            return _NUMPY_STANDINS[name]
         return super().find_class(module, name)
 
 
@@ -232,10 +327,167 @@ def unpickle(file: Any) -> Any:
     """Unpickle a binary file object, loading verl's ``DataProto`` as a :class:`VerlState`
     (verl need not be installed; both of verl's modes); everything else loads as usual.
 
-    This runs whatever code the pickle names: only for files you trust. Errors are the
-    unpickler's, or :class:`DecodeError` for a verl state that does not decode.
+    This runs whatever code the pickle names: only for files you trust. numpy
+    arrays, dtypes and scalars are rebuilt by checked stand-ins, so that a
+    damaged file cannot crash numpy's own unpickling: their dtype states must be
+    those numpy writes for a built-in dtype, their shapes must match their bytes
+    (or, for object arrays, their items); an array is resolved in the containers
+    that hold it (dicts, lists, tuples, sets, object arrays, the DataProto's
+    fields), not inside the attributes of other objects. Every error, the
+    unpickler's included, is a :class:`DecodeError`.
     """
-    return _Unpickler(file).load()
+    try:
+        return _resolve(_Unpickler(file).load(), 0)
+    except DecodeError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- a damaged pickle can raise anything the objects it names raise
+        raise DecodeError(f"not a readable DataProto pickle: {type(e).__name__}: {e}") from e
+
+
+# ---------------------------------------------------------------- numpy rebuilt with checks
+
+_NUMPY_MODULES = ("numpy.core.multiarray", "numpy._core.multiarray", "numpy.core.numeric", "numpy._core.numeric", "numpy")
+_MAX_DEPTH = 200  # containers nested deeper than this are refused, before Python's recursion limit
+
+
+class _Dtype:
+    """Stands for ``numpy.dtype(name, align, copy)`` until its state is checked."""
+
+    def __init__(self, name: Any, align: Any = False, copy: Any = True):
+        import numpy as np
+
+        if not isinstance(name, str) or len(name) > 16 or not isinstance(align, bool):
+            raise DecodeError(f"pickled numpy dtype: malformed arguments {str(name)[:40]!r}, {align!r}")
+        try:
+            self.value = np.dtype(name, align=align)
+        except (TypeError, ValueError) as e:
+            raise DecodeError(f"pickled numpy dtype {name!r}: {e}") from e
+        if self.value.fields is not None or self.value.subdtype is not None:
+            raise DecodeError(f"pickled numpy dtype {name!r}: structured and sub-array dtypes are not read")
+
+    def __setstate__(self, state: Any) -> None:
+        if self.value.kind in "mM" and isinstance(state, tuple) and len(state) == 9:
+            self.value = _datetime_dtype(self.value, state[8])
+        expected = self.value.__reduce__()[2]
+        if state != expected:  # a state numpy did not write for this dtype: flags, sizes or fields edited
+            raise DecodeError(f"pickled numpy dtype {self.value}: state {str(state)[:80]} is not {expected}")
+
+
+def _datetime_dtype(generic: Any, metadata: Any) -> Any:
+    """The datetime64/timedelta64 dtype whose unit the state's metadata ``(None, (unit, count, 1, 1))`` names."""
+    import numpy as np
+
+    try:
+        unit, count = metadata[1][0], metadata[1][1]
+        if isinstance(unit, bytes) and type(count) is int and 0 < count < 2**31 and len(unit) <= 8:
+            return np.dtype(f"{generic.str}[{count}{unit.decode('ascii')}]")
+    except (TypeError, IndexError, KeyError, ValueError, UnicodeDecodeError):
+        pass
+    raise DecodeError(f"pickled numpy dtype {generic}: malformed unit {str(metadata)[:80]}")
+
+
+def _dtype_of(value: Any) -> Any:
+    import numpy as np
+
+    if isinstance(value, _Dtype):
+        return value.value
+    if isinstance(value, np.dtype) and value.fields is None and value.subdtype is None:
+        return value
+    raise DecodeError(f"pickled numpy value: expected a dtype, got {type(value).__name__}")
+
+
+def _checked_shape(shape: Any, dtype: Any) -> tuple[int, ...]:
+    if not (isinstance(shape, tuple) and len(shape) <= 64 and all(type(n) is int and n >= 0 for n in shape)):
+        raise DecodeError(f"pickled numpy array: malformed shape {str(shape)[:80]}")
+    count = 1
+    for n in shape:
+        count *= n
+    if count * max(dtype.itemsize, 1) >= 2**62:
+        raise DecodeError(f"pickled numpy array: shape {shape} is too large")
+    return shape
+
+
+class _Array:
+    """Stands for ``numpy.ndarray`` (``_reconstruct``) until its state is checked; ``value`` is the array."""
+
+    def __init__(self, cls: Any = None, shape: Any = (0,), code: Any = b"b"):
+        import numpy as np
+
+        if cls is not np.ndarray:
+            raise DecodeError(f"pickled numpy array of class {getattr(cls, '__name__', cls)!r}: only ndarray is read")
+        self.value: Any = None
+
+    def __setstate__(self, state: Any) -> None:
+        if not (isinstance(state, tuple) and len(state) == 5 and type(state[0]) is int):
+            raise DecodeError(f"pickled numpy array: malformed state {_describe(state)}")
+        _, shape, dtype, fortran, data = state
+        self.value = _build_array(data, _dtype_of(dtype), shape, "F" if fortran is True else "C")
+
+
+def _build_array(data: Any, dtype: Any, shape: Any, order: str) -> Any:
+    """A new array of ``dtype`` and ``shape`` from ``data`` (bytes, or for object arrays a list), checked first."""
+    import numpy as np
+
+    shape = _checked_shape(shape, dtype)
+    count = 1
+    for n in shape:
+        count *= n
+    if dtype.hasobject:
+        if dtype != np.dtype(object) or not isinstance(data, list) or len(data) != count:
+            raise DecodeError(f"pickled object array: {_describe(data)} for shape {shape}")
+        out = np.empty(count, dtype=object)
+        for i, item in enumerate(data):
+            out[i] = _resolve(item, 1)
+        return out.reshape(shape, order=order)  # type: ignore[call-overload]
+    if isinstance(data, pickle.PickleBuffer):
+        data = data.raw()
+    if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) != count * dtype.itemsize:
+        size = len(data) if isinstance(data, (bytes, bytearray, memoryview)) else type(data).__name__
+        raise DecodeError(f"pickled numpy array: {size} bytes for shape {shape} of {dtype}")
+    return np.frombuffer(data, dtype=dtype, count=count).reshape(shape, order=order).copy(order="K")  # type: ignore[call-overload]
+
+
+def _frombuffer(data: Any, dtype: Any, shape: Any, order: Any) -> Any:
+    return _build_array(data, _dtype_of(dtype), shape, "F" if order == "F" else "C")
+
+
+def _scalar(dtype: Any, data: Any = None) -> Any:
+    import numpy as np
+
+    dtype = _dtype_of(dtype)
+    if dtype.hasobject:  # numpy would read the bytes as an object pointer
+        raise DecodeError("pickled numpy scalar of object dtype")
+    if not isinstance(data, bytes) or len(data) != dtype.itemsize:
+        raise DecodeError(f"pickled numpy scalar of {dtype}: {_describe(data)}")
+    return np.frombuffer(data, dtype=dtype)[0].copy()
+
+
+_NUMPY_STANDINS = {"_reconstruct": _Array, "dtype": _Dtype, "scalar": _scalar, "_frombuffer": _frombuffer}
+
+
+def _resolve(value: Any, depth: int) -> Any:
+    """``value`` with each stand-in replaced by what it stands for, in dicts, lists, tuples and sets."""
+    if isinstance(value, (_Array, _Dtype)):
+        if value.value is None:
+            raise DecodeError("pickled numpy array without its state")
+        return value.value
+    if depth > _MAX_DEPTH and isinstance(value, (dict, list, tuple, set, VerlState)):
+        raise DecodeError(f"pickled value nested deeper than {_MAX_DEPTH} containers")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            new = _resolve(item, depth + 1)
+            if new is not item:
+                value[key] = new
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            value[i] = _resolve(item, depth + 1)
+    elif type(value) is tuple:
+        items = tuple(_resolve(item, depth + 1) for item in value)
+        if any(a is not b for a, b in zip(items, value)):
+            return items
+    elif type(value) is set:
+        return {_resolve(item, depth + 1) for item in value}
+    return value
 
 
 def _describe(value: Any) -> str:
@@ -251,6 +503,8 @@ def _check_parts(batch: Any, non_tensor_batch: Any, meta_info: Any) -> None:
             "verl DataProto state: non_tensor_batch and meta_info must be dicts, got "
             f"{type(non_tensor_batch).__name__} and {type(meta_info).__name__}"
         )
+    import numpy as np
+
     for key, values in non_tensor_batch.items():
         if not isinstance(values, np.ndarray) or values.ndim == 0:
             raise column_error(DecodeError, str(key), f"expected a numpy array with rows, got {_describe(values)}")
@@ -260,6 +514,8 @@ def _check_parts(batch: Any, non_tensor_batch: Any, meta_info: Any) -> None:
 
 def _here_or_cpu(storage: Any, location: str) -> Any:
     """``torch.load`` map_location: keep the saved device if this process has it, else the CPU."""
+    from .._codec import device_available
+
     return None if device_available(location) else storage
 
 
@@ -269,6 +525,13 @@ def _load_torch_save(data: bytes | bytearray | memoryview) -> TensorDict | None:
     ``weights_only=False`` because the bytes hold a pickled TensorDict: this
     trusts the sender no more than unpickling the surrounding state already does.
     """
+    import io
+
+    import torch
+    from tensordict import is_tensor_collection
+
+    from ..pickling import get_receive_options
+
     try:
         batch = torch.load(io.BytesIO(data), weights_only=False, map_location=_here_or_cpu)
     except (RuntimeError, EOFError, pickle.UnpicklingError, ValueError, TypeError, AttributeError, ImportError) as e:
@@ -283,6 +546,11 @@ def load_numpy_mode(encoded: tuple) -> TensorDict:
     """The batch of verl's numpy mode: ``(batch_size, device, {key: entry})`` where an entry is
     ``(dtype_name, shape, uint8_array)`` for a dense tensor or ``(layout_name, [such triples])``
     for a nested tensor, one triple per row."""
+    from tensordict import TensorDict
+
+    from .._codec import device_available
+    from ..pickling import get_receive_options
+
     if len(encoded) != 3:
         raise DecodeError(f"verl numpy-mode batch: expected (batch_size, device, items), got {_describe(encoded)}")
     batch_size, device, items = encoded
@@ -304,6 +572,13 @@ def load_numpy_mode(encoded: tuple) -> TensorDict:
 
 def legacy_tensor(key: str, entry: tuple, row: int | None = None) -> torch.Tensor:
     """One ``(dtype_name, shape, uint8_array)`` triple as a tensor that owns a copy of the bytes."""
+    import math
+
+    import numpy as np
+    import torch
+
+    from .._dtypes import dtype_from_name
+
     where = key if row is None else f"{key}[{row}]"
     name, shape, data = entry
     if not isinstance(name, str):
@@ -320,6 +595,8 @@ def legacy_tensor(key: str, entry: tuple, row: int | None = None) -> torch.Tenso
 
 
 def _legacy_nested(key: str, layout: Any, rows: Any) -> torch.Tensor:
+    import torch
+
     if layout not in ("jagged", "strided") or not isinstance(rows, list):
         raise column_error(DecodeError, key, f"malformed nested entry ({layout!r}, {_describe(rows)})")
     tensors = []

@@ -1,0 +1,261 @@
+"""verl's own RayWorkerGroup end to end: a PPO-like DataProto dispatched to CPU workers, every pickling mode.
+
+Needs verl (the compat venv: ``scripts/setup.sh compat``). One Ray session
+(bounded: one logical CPU per worker, a 1 GiB object store) whose job-level runtime_env
+names our setup hook (``arrow_dataproto.integrations.verl.install_from_env``);
+each mode is a verl ``RayWorkerGroup`` (``RayResourcePool(use_gpu=False)``)
+whose workers get ``VERL_DATAPROTO_SERIALIZATION_METHOD`` through verl's
+``worker_env``, with the same setting in the driver:
+
+- ``verl_default``: variable unset, verl's ``torch.save`` pickling;
+- ``verl_numpy``: ``numpy``, verl's numpy mode;
+- ``install``: ``arrow``, the hook patches verl's class on import (and the
+  driver calls ``install()``): our codec, copy-on-write receive.
+
+One step: ``wg.compute(dp)`` with ``Dispatch.DP_COMPUTE_PROTO`` -- verl chunks the
+batch, each worker computes per-row statistics on every tensor of its chunk and
+returns a new DataProto, verl concatenates the returns. Every mode's result is
+checked against the same computation run locally on the same chunks (exactly).
+The modes take turns step by step (``harness.interleaved``); reported: median
+and best seconds per step, ratio to verl's numpy mode, and the workers' own
+compute seconds and torch thread counts (what they saw).
+
+Worker start: a plain actor that never sees a DataProto, created and pinged,
+in a Ray session whose runtime_env sets the variable to ``arrow``, without the
+hook and with it.
+
+    python benchmarks/bench_verl_e2e.py            # 2048 rows (132 MiB), 4 workers, 5 steps
+    python benchmarks/bench_verl_e2e.py --quick    # 64 rows, 2 workers, 1 step: to try it (CI)
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT.parent))
+
+import harness  # noqa: E402
+
+HOOK = "arrow_dataproto.integrations.verl.install_from_env"
+ENV = "VERL_DATAPROTO_SERIALIZATION_METHOD"
+MODES = {"verl_default": None, "verl_numpy": "numpy", "install": "arrow"}
+
+
+def make_batch(rows: int, prompt: int, response: int, seed: int = 0):
+    """A verl DataProto shaped like a PPO step (int64 ids and masks, float32 and bf16, a jagged column,
+    uid strings, dict ``extra_info``, metrics in ``meta_info``)."""
+    import numpy as np
+    import torch
+    from tensordict import TensorDict
+    from verl.protocol import DataProto
+
+    g = torch.Generator().manual_seed(seed)
+    total = prompt + response
+    lengths = torch.randint(1, response + 1, (rows,), generator=g)
+    batch = TensorDict(
+        {
+            "prompts": torch.randint(0, 32000, (rows, prompt), generator=g),
+            "responses": torch.randint(0, 32000, (rows, response), generator=g),
+            "input_ids": torch.randint(0, 32000, (rows, total), generator=g),
+            "attention_mask": torch.randint(0, 2, (rows, total), generator=g),
+            "response_mask": torch.randint(0, 2, (rows, response), generator=g),
+            "old_log_probs": torch.randn(rows, response, generator=g),
+            "values": torch.randn(rows, response, generator=g).bfloat16(),
+            "response_tokens": torch.nested.nested_tensor(
+                [torch.randint(0, 32000, (int(n),), generator=g) for n in lengths], layout=torch.jagged
+            ),
+        },
+        batch_size=[rows],
+    )
+    non_tensor = {
+        "uid": np.array([f"{seed}-{i:08x}" for i in range(rows)], dtype=object),
+        "extra_info": np.array([{"index": i, "split": "train"} for i in range(rows)], dtype=object),
+    }
+    return DataProto(batch=batch, non_tensor_batch=non_tensor, meta_info={"temperature": 1.0, "global_steps": 3})
+
+
+def compute(data):
+    """The workers' step: per-row statistics read from every tensor; a new DataProto."""
+    import torch
+    from verl.protocol import DataProto
+
+    b = data.batch
+    mask = b["response_mask"].float()
+    logp = b["old_log_probs"]
+    adv = (logp - logp.mean(-1, keepdim=True)) * mask + b["values"].float()
+    returns = adv.flip(-1).cumsum(-1).flip(-1)
+    score = (b["input_ids"] * b["attention_mask"]).sum(-1) + b["prompts"].sum(-1) + b["responses"].sum(-1)
+    jagged = b["response_tokens"]
+    tokens = torch.stack([row.sum() for row in jagged.unbind()]) if len(data) else torch.zeros(0, dtype=torch.int64)
+    return DataProto.from_dict(
+        {"advantages": adv, "returns": returns, "score": score, "tokens": tokens},
+        non_tensors={"uid": data.non_tensor_batch["uid"]},
+        meta_info={"global_steps": data.meta_info["global_steps"]},
+    )
+
+
+def worker_class():
+    import ray
+    import torch
+    from verl.single_controller.base import Worker
+    from verl.single_controller.base.decorator import Dispatch, register
+
+    @ray.remote
+    class StepWorker(Worker):
+        @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+        def step(self, data):
+            start = time.perf_counter()
+            out = compute(data)
+            out.meta_info["metrics"] = {"compute_s": time.perf_counter() - start, "threads": torch.get_num_threads()}
+            return out
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+        def patched(self):
+            from arrow_dataproto.integrations import verl as adp_verl
+
+            return adp_verl.is_installed()
+
+    return StepWorker
+
+
+def set_driver_mode(value: str | None) -> None:
+    from arrow_dataproto.integrations import verl as adp_verl
+
+    if value is None:
+        os.environ.pop(ENV, None)
+    else:
+        os.environ[ENV] = value
+    if value == "arrow":
+        adp_verl.install()
+    else:
+        adp_verl.uninstall()
+
+
+def check(result, reference, mode: str) -> None:
+    import numpy as np
+    import torch
+
+    assert len(result) == len(reference), f"{mode}: {len(result)} rows, expected {len(reference)}"
+    for key in reference.batch.keys():
+        assert torch.equal(result.batch[key], reference.batch[key]), f"{mode}: {key} differs"
+    assert np.array_equal(result.non_tensor_batch["uid"], reference.non_tensor_batch["uid"]), f"{mode}: uid differs"
+
+
+def steps(args) -> tuple[dict, dict, dict]:
+    import ray
+    from verl.protocol import DataProto
+    from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+
+    data = make_batch(args.rows, args.prompt, args.response)
+    reference = DataProto.concat([compute(c) for c in data.chunk(args.workers)])
+    groups = {}
+    for mode, value in MODES.items():
+        pool = RayResourcePool([args.workers], use_gpu=False, max_colocate_count=1)
+        env = {} if value is None else {ENV: value}
+        groups[mode] = RayWorkerGroup(pool, RayClassWithInitArgs(cls=worker_class()), worker_env=env, device_name="cpu")
+        patched = groups[mode].patched()
+        assert all(patched) == (value == "arrow") and any(patched) == (value == "arrow"), f"{mode}: hook {patched}"
+    seen: dict = {mode: {"compute_s": [], "threads": set()} for mode in MODES}
+
+    def run(mode):
+        def step():
+            out = groups[mode].step(data)
+            metrics = out.meta_info["metrics"]
+            seen[mode]["compute_s"].append(statistics.median(metrics["compute_s"]))
+            seen[mode]["threads"].update(metrics["threads"])
+            check(out, reference, mode)
+            return out
+
+        return step, lambda: set_driver_mode(MODES[mode])
+
+    timings = harness.interleaved({mode: run(mode) for mode in MODES}, args.repeats)
+    set_driver_mode(None)
+    nbytes = sum(t.numel() * t.element_size() for t in data.batch.values() if not t.is_nested)
+    nbytes += data.batch["response_tokens"].values().numel() * 8
+    for group in groups.values():
+        for worker in group.workers:
+            ray.kill(worker)
+    return timings, seen, {"MiB": nbytes / 2**20}
+
+
+def worker_start(repeats: int, hooked: bool) -> float:
+    """Median seconds to create a plain actor and get its first reply, in a fresh session."""
+    import ray
+
+    env: dict = {"env_vars": {ENV: "arrow"}}  # a runtime_env either way: only the hook differs
+    if hooked:
+        env["worker_process_setup_hook"] = HOOK
+    ray.init(num_cpus=1, object_store_memory=256 * 2**20, include_dashboard=False, runtime_env=env)
+    try:
+
+        @ray.remote(num_cpus=0)
+        class Plain:
+            def ping(self):
+                return os.getpid()
+
+        times = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            actor = Plain.remote()
+            ray.get(actor.ping.remote())
+            times.append(time.perf_counter() - start)
+            ray.kill(actor)
+        return statistics.median(times[1:])
+    finally:
+        ray.shutdown()
+
+
+def main() -> None:
+    args = harness.arguments(__doc__, "verl_e2e.md", repeats=5, quick="64 rows of 16+16 tokens, 2 workers")
+    args.rows, args.prompt, args.response, args.workers = (64, 16, 16, 2) if args.quick else (2048, 1024, 1024, 4)
+    args.repeats = 1 if args.quick else args.repeats
+    import ray
+
+    starts = {hooked: worker_start(max(args.repeats, 3), hooked) for hooked in (False, True)}
+    ray.init(
+        num_cpus=args.workers * len(MODES),  # one CPU per worker of each group (logical: they take turns)
+        object_store_memory=2**30,
+        include_dashboard=False,
+        runtime_env={"worker_process_setup_hook": HOOK},
+    )
+    try:
+        timings, seen, size = steps(args)
+    finally:
+        ray.shutdown()
+    base = timings["verl_numpy"]
+    lines = [
+        "# verl RayWorkerGroup end to end (`benchmarks/bench_verl_e2e.py`)",
+        "",
+        f"Command: `{harness.command('bench_verl_e2e.py')}`; {args.rows} rows, {args.prompt}+{args.response} tokens "
+        f"({size['MiB']:.0f} MiB of tensors), {args.workers} CPU workers, `Dispatch.DP_COMPUTE_PROTO`; "
+        f"median (best) of {args.repeats} steps after a warm-up, modes taking turns. Every result checked "
+        "exactly against the same computation run locally. Seconds.",
+        "",
+        "| mode | per step | x numpy mode | workers' compute (median) | workers' torch threads |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for mode in MODES:
+        lines.append(
+            f"| {mode} | {harness.pair(timings[mode])} | {harness.ratio(timings[mode], base, 2)} | "
+            f"{statistics.median(seen[mode]['compute_s']):.3f} | {sorted(seen[mode]['threads'])} |"
+        )
+    lines += [
+        "",
+        "Worker start (a plain actor that receives no DataProto: created and pinged; median seconds):",
+        "",
+        "| session | start | x without hook |",
+        "|---|---:|---:|",
+        f"| `{ENV}=arrow`, no hook | {starts[False]:.3f} | 1.00 |",
+        f"| with `{HOOK}` and `{ENV}=arrow` | {starts[True]:.3f} | {starts[True] / starts[False]:.2f} |",
+    ]
+    harness.save("\n".join(lines) + "\n", args.out)
+
+
+if __name__ == "__main__":
+    main()
