@@ -170,15 +170,18 @@ def bootstrap(conf: DictConfig) -> dict[str, Any]:
 
 
 def _to_dataproto(data: TensorDict) -> DataProto:
-    """Tensor fields (and nested TensorDicts) into ``batch``, non-tensor fields into ``non_tensor_batch``."""
+    """Tensor fields (and nested TensorDicts) into ``batch``, non-tensor fields into ``non_tensor_batch``
+    (one object per row; ``NonTensorData`` holding a list/tuple/array of one value per row is read as
+    those values, as TransferQueue's own backends do, any other ``NonTensorData`` is every row's value)."""
     rows = data.batch_size[0]
     tensors, others = {}, {}
     for key in data.keys():
         value = data.get(key)
         if isinstance(value, NonTensorStack):
             others[key] = _objects(value.tolist(), rows)
-        elif isinstance(value, NonTensorData):
-            others[key] = _objects([value.data] * rows, rows)
+        elif isinstance(value, NonTensorData):  # a sequence with one value per row is those values, as in TQ
+            per_row = isinstance(value.data, (list, tuple, np.ndarray)) and len(value.data) == rows
+            others[key] = _objects(list(value.data) if per_row else [value.data] * rows, rows)
         else:
             tensors[key] = value
     batch = TensorDict(tensors, batch_size=data.batch_size[:1]) if tensors else None
@@ -224,7 +227,23 @@ def _select(values: list, objs: np.ndarray, rows: np.ndarray, shared: dict) -> A
     pieces = [_rows_of(values[o], lambda t, a=a, b=b: _rows.slice_rows(t, a, b, shared), b - a) for o, a, b in runs]
     if is_tensor_collection(pieces[0]):
         return _rows.cat_rows(pieces, shared)
-    return _rows.cat(pieces, shared)
+    return _join(pieces, shared)
+
+
+def _join(pieces: list[torch.Tensor], shared: dict) -> torch.Tensor:
+    """The pieces' rows in one tensor (one copy): dense if every piece is dense with one row shape,
+    jagged if every piece is jagged, else a nested tensor of the rows (jagged where one dimension
+    varies, strided otherwise), as TransferQueue's own backends build it."""
+    nested = {p.is_nested for p in pieces}
+    if nested == {False} and len({(p.shape[1:], p.dtype) for p in pieces}) == 1:
+        return _rows.cat(pieces, shared)
+    if nested == {True} and all(p.layout == torch.jagged for p in pieces):
+        return _rows.cat(pieces, shared)
+    rows = [r for p in pieces for r in (p.unbind() if p.is_nested else p.unbind(0))]
+    try:
+        return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+    except (RuntimeError, ValueError):
+        return torch.nested.as_nested_tensor(rows, layout=torch.strided)
 
 
 def _rows_of(value: Any, fn: Callable[[torch.Tensor], torch.Tensor], rows: int) -> Any:
