@@ -26,6 +26,8 @@ import contextlib
 import contextvars
 import logging
 import os
+import sys
+import warnings
 from dataclasses import dataclass
 from typing import Final, Literal, NamedTuple, Union
 
@@ -222,11 +224,77 @@ def batch_from_state(schema_bytes: bytes, num_rows: int, columns: list[tuple], *
         raise DecodeError(f"corrupt pickled DataProto: {e}") from e
 
 
+# ---------------------------------------------------------------- Ray Direct Transport
+
+
+def direct_transport() -> bool:
+    """Whether Ray is serializing, on this thread, the value of a method declared with
+    ``@ray.method(tensor_transport=...)`` (Ray Direct Transport).
+
+    Ray then moves every ``torch.Tensor`` it meets in the pickled value through the
+    transport (gloo, nccl, ...) and the object store carries the rest. Reads Ray's
+    serialization context (Ray 2.60: its thread-local ``use_external_transport``);
+    ``False`` when Ray is not imported or has no such flag.
+    """
+    ray = sys.modules.get("ray")
+    worker = getattr(getattr(getattr(ray, "_private", None), "worker", None), "global_worker", None)
+    try:
+        context = worker.get_serialization_context()
+    except Exception:  # no Ray, a Ray without this context: not under direct transport
+        return False
+    return bool(getattr(getattr(context, "_thread_local", None), "use_external_transport", False))
+
+
+def _map_buffers(state: tuple, convert) -> tuple:
+    length, null_count, offset, buffers, children = state
+    return (
+        length,
+        null_count,
+        offset,
+        [None if b is None else convert(b) for b in buffers],
+        [_map_buffers(c, convert) for c in children],
+    )
+
+
+def _as_tensor(buffer: pa.Buffer):
+    """A non-empty buffer as a flat ``uint8`` tensor viewing it (Ray sends tensors through its transport)."""
+    if not buffer.size:
+        return buffer
+    with warnings.catch_warnings():  # a read-only buffer: the transport only reads it
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(buffer, dtype=torch.uint8)
+
+
+def _as_buffer(buffer):
+    """A received ``uint8`` tensor as an Arrow buffer viewing it (a device tensor is brought to the CPU)."""
+    if isinstance(buffer, torch.Tensor):
+        return pa.py_buffer(buffer.detach().to("cpu").contiguous().numpy())
+    return buffer
+
+
+def transport_state(record_batch: pa.RecordBatch) -> tuple[bytes, int, list[tuple]]:
+    """:func:`batch_state`, except under :func:`direct_transport`, where each non-empty
+    buffer is a ``uint8`` tensor viewing it, so that Ray's transport moves the bytes
+    and the object store gets only the schema and the integers. :func:`batch_from_state`
+    and :func:`rebuild_dataproto` take either form."""
+    schema_bytes, num_rows, columns = batch_state(record_batch)
+    if direct_transport():
+        columns = [_map_buffers(c, _as_tensor) for c in columns]
+    return schema_bytes, num_rows, columns
+
+
+def _received_tensors(columns: list) -> tuple[list, bool]:
+    """The state with tensors (Ray Direct Transport) turned back into buffers, and whether there were any."""
+    found = any(isinstance(b, torch.Tensor) for c in columns for b in _state_buffers(c))
+    return ([_map_buffers(c, _as_buffer) for c in columns] if found else columns), found
+
+
 def reduce_dataproto(data) -> tuple:
-    """``__reduce_ex__`` value for a DataProto: rebuilt by :func:`rebuild_dataproto`."""
+    """``__reduce_ex__`` value for a DataProto: rebuilt by :func:`rebuild_dataproto`
+    (under Ray Direct Transport its buffers are tensors: see :func:`transport_state`)."""
     from ._codec import to_arrow
 
-    return rebuild_dataproto, batch_state(to_arrow(data))
+    return rebuild_dataproto, transport_state(to_arrow(data))
 
 
 def _off_cpu(device: str | None) -> bool:
@@ -237,14 +305,18 @@ def rebuild_dataproto(schema_bytes: bytes, num_rows: int, columns: list[tuple]):
     """Unpickle a DataProto under the :func:`get_receive_options` in force.
 
     Pickled non-tensor columns are allowed here: unpickling already trusts the sender.
+    Buffers that arrived as tensors through Ray Direct Transport are this process's
+    own memory: tensors view them (``copy=True`` still copies; tensors that arrived on
+    a device are first brought to the CPU, then placed as the options say).
     """
     from ._decoding import from_arrow
 
     options = get_receive_options()
-    on_write = options.copy == ON_WRITE and not _off_cpu(options.device)
+    columns, received = _received_tensors(columns)
+    on_write = options.copy == ON_WRITE and not _off_cpu(options.device) and not received
     record_batch = batch_from_state(schema_bytes, num_rows, columns, private=on_write)
     data = from_arrow(record_batch, device=options.device, copy=options.copy is True, allow_pickle=True)
-    if on_write:  # numpy views of the private buffers would be read-only: give writable copies
+    if on_write or received:  # numpy views of private buffers would be read-only: give writable copies
         for key, values in data.non_tensor_batch.items():
             if values.dtype != object and not values.flags.writeable:
                 data.non_tensor_batch[key] = np.array(values)

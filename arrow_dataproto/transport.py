@@ -57,7 +57,7 @@ from typing import Any, Callable, Sequence, SupportsIndex
 
 from .errors import DataProtoError
 from ._container import DataProto
-from .pickling import Copy, batch_state, rebuild_dataproto, receive_options
+from .pickling import Copy, rebuild_dataproto, receive_options, transport_state
 
 __all__ = ["Parcel", "receive_as", "get", "receiving", "scatter", "broadcast", "gather", "scatter_gather"]
 
@@ -95,7 +95,7 @@ class Parcel:
     def __reduce_ex__(self, protocol: SupportsIndex):
         from ._codec import to_arrow
 
-        return _unpack, (self.copy, self.device, *batch_state(to_arrow(self.data)))
+        return _unpack, (self.copy, self.device, *transport_state(to_arrow(self.data)))
 
     def __repr__(self) -> str:
         return f"Parcel({self.data!r}, copy={self.copy}, device={self.device!r})"

@@ -58,7 +58,7 @@ from tensordict import TensorDict, is_tensor_collection
 from .._codec import device_available, to_arrow
 from .._dtypes import dtype_from_name
 from ..errors import DecodeError, column_error
-from ..pickling import batch_state, get_receive_options, rebuild_dataproto
+from ..pickling import get_receive_options, rebuild_dataproto, transport_state
 
 __all__ = [
     "ENV_VAR",
@@ -154,7 +154,7 @@ def _new(cls: type[object], batch: Any, non_tensor_batch: dict, meta_info: dict)
 
 
 def _reduce_ex(self, protocol: int) -> tuple:
-    return rebuild, (type(self), *batch_state(to_arrow(self)))
+    return rebuild, (type(self), *transport_state(to_arrow(self)))
 
 
 def rebuild(cls: type, schema_bytes: bytes, num_rows: int, columns: list[tuple]) -> Any:
