@@ -139,7 +139,7 @@ def test_dense_rows_are_views_of_the_object_store(tq_on_ray):
 def _reader_class():
     import ray
 
-    @ray.remote(num_cpus=0, runtime_env=HOOK)
+    @ray.remote(num_cpus=0)  # the backend is registered there by unpickling this module's class
     class Reader:
         def read_and_write(self, names, partition):
             import transfer_queue as tq
@@ -223,12 +223,12 @@ def main() -> None:
     import ray
     from two_nodes import two_nodes
 
-    with two_nodes(resources={"second": 1}):
+    with two_nodes(runtime_env=HOOK, resources={"second": 1}):  # the documented line
         tq.init(OmegaConf.create(CONFIG))
         data = batch(2048)
         tq.kv_batch_put(keys=keys(2048), partition_id="far", fields=data)
 
-        @ray.remote(num_cpus=0, resources={"second": 1}, runtime_env=HOOK)
+        @ray.remote(num_cpus=0, resources={"second": 1})
         def read(names):
             import transfer_queue as tq
 

@@ -1,7 +1,10 @@
 """Adapters for frameworks that have their own DataProto class.
 
 Each submodule imports its framework lazily, so importing it costs nothing
-when the framework is absent: :mod:`arrow_dataproto.integrations.verl`.
+when the framework is absent: :mod:`arrow_dataproto.integrations.verl`,
+:mod:`arrow_dataproto.integrations.transfer_queue` (a TransferQueue storage backend; importing
+it imports TransferQueue and registers the backend, :func:`register_transfer_queue` is the cheap
+Ray worker setup hook that does it on TransferQueue's import).
 """
 
 import importlib

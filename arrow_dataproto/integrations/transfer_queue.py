@@ -7,17 +7,25 @@ Importing this module registers the backend ``"arrow_dataproto"`` with TransferQ
     tq.init(OmegaConf.create({"backend": {"storage_backend": "arrow_dataproto", "arrow_dataproto": {}}}))
 
 Every process that calls ``tq.init()`` (or a ``tq.kv_*`` function) needs the backend
-registered; in Ray workers the setup hook does it when ``transfer_queue`` is imported:
-``runtime_env={"worker_process_setup_hook": "arrow_dataproto.integrations.register_transfer_queue"}``.
+registered. One line does it in every Ray worker of a job (the hook imports nothing heavy;
+the backend is imported right after ``transfer_queue`` is)::
+
+    ray.init(runtime_env={"worker_process_setup_hook": "arrow_dataproto.integrations.register_transfer_queue"})
+
+Objects are owned by the directory actor, so that they outlive the process that put them:
+Ray 2.56 removed ``ray.put(..., _owner=)``, so the writer's ``ray.put`` is handed to the
+directory, which puts it again (a second copy, within the object store; the writer's is
+freed when the put returns). ``conf.backend.arrow_dataproto.owner = "putter"`` keeps the
+writer's object instead (one copy; the rows then live only as long as the writing process).
 
 Contract:
 
 - **put** (``kv_batch_put``, ``put``): the fields of one put become one :class:`DataProto`
   (tensor fields in ``batch``, ``NonTensorStack``/``NonTensorData`` fields in
   ``non_tensor_batch``), written with one ``ray.put``: one copy of the bytes into the
-  object store, whole columns, not rows. A non-contiguous or off-CPU tensor is made
-  contiguous on the CPU first (the codec's rule). The object is owned by the
-  *directory* actor that ``tq.init()`` starts, so it outlives the process that put it.
+  object store, whole columns, not rows (and, with the default ``owner="directory"``, one
+  more copy by the directory actor that ``tq.init()`` starts, which then owns it). A
+  non-contiguous or off-CPU tensor is made contiguous on the CPU first (the codec's rule).
 - **get** (``kv_batch_get``, ``get_data``): the reader fetches the objects holding the rows
   asked for and decodes them under the receive options in force (default: private
   copy-on-write views of shared memory, :mod:`arrow_dataproto.pickling`): a write in one
@@ -40,6 +48,7 @@ everything it holds. Checkpoint hooks are not implemented (TransferQueue reports
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import uuid
 from typing import Any, Callable
@@ -153,9 +162,9 @@ _created_here: dict[str, Any] = {}  # directory name -> handle, in the process t
 def bootstrap(conf: DictConfig) -> dict[str, Any]:
     """Start the directory actor (run once by ``tq.init()``); its name goes into ``conf.backend[NAME]``."""
     name = f"arrow_dataproto.directory.{uuid.uuid4().hex[:12]}"
+    actor: Any = ray.remote(Directory)
     handle = (
-        ray.remote(Directory)
-        .options(name=name, namespace=NAMESPACE, num_cpus=0, max_restarts=0)
+        actor.options(name=name, namespace=NAMESPACE, num_cpus=0, max_restarts=0)
         .remote()
     )
     ray.get(handle.ready.remote())
@@ -224,7 +233,7 @@ def _select(values: list, objs: np.ndarray, rows: np.ndarray, shared: dict) -> A
     if not np.any(objs != objs[0]):  # one object, rows in another order: one gather
         index = torch.from_numpy(rows.copy())
         return _rows_of(first, lambda t: _rows.take(t, index, shared), len(rows))
-    pieces = [_rows_of(values[o], lambda t, a=a, b=b: _rows.slice_rows(t, a, b, shared), b - a) for o, a, b in runs]
+    pieces = [_rows_of(values[o], functools.partial(_slice, start=a, stop=b, shared=shared), b - a) for o, a, b in runs]
     if is_tensor_collection(pieces[0]):
         return _rows.cat_rows(pieces, shared)
     return _join(pieces, shared)
@@ -244,6 +253,10 @@ def _join(pieces: list[torch.Tensor], shared: dict) -> torch.Tensor:
         return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
     except (RuntimeError, ValueError):
         return torch.nested.as_nested_tensor(rows, layout=torch.strided)
+
+
+def _slice(t: torch.Tensor, start: int, stop: int, shared: dict) -> torch.Tensor:
+    return _rows.slice_rows(t, start, stop, shared)
 
 
 def _rows_of(value: Any, fn: Callable[[torch.Tensor], torch.Tensor], rows: int) -> Any:
@@ -327,7 +340,7 @@ class ArrowStorageManager(StorageManager):
             except (ray.exceptions.ObjectLostError, ray.exceptions.RayActorError) as e:
                 raise _storage_error(e, "get") from e
             shared: dict = {}
-            fields = {k: _select([_field(o, k) for o in objects], *where[k], shared) for k in asked}
+            fields = {k: _select([_field(o, k) for o in objects], where[k][0], where[k][1], shared) for k in asked}
             pieces.append((positions, fields, len(indexes)))
         if len(pieces) == 1:
             fields = pieces[0][1]
@@ -373,7 +386,7 @@ def _merge(pieces: list, asked: list[str], rows: int) -> dict:
     """Fields of several partitions' rows, put back in the order of the metadata (one more copy)."""
     positions = np.fromiter(itertools.chain.from_iterable(p for p, _, _ in pieces), np.int64, rows)
     inverse = torch.from_numpy(np.argsort(positions, kind="stable"))
-    out = {}
+    out: dict[str, Any] = {}
     for k in asked:
         parts = [f[k] for _, f, _ in pieces]
         if isinstance(parts[0], NonTensorStack):
