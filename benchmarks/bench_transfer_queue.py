@@ -62,9 +62,10 @@ class Reader:
 
             tensordict.install()
 
-    def read(self, path: str, payload, names=None):
+    def read(self, path: str, boxed: list, names=None):
         gc.collect()
-        base = _private_bytes()
+        base = _private_bytes()  # before the payload is received (it comes boxed: a reference)
+        payload = ray.get(boxed[0]) if boxed[0] is not None else None
         if path in TQ_CONF:
             import transfer_queue as tq
 
@@ -110,7 +111,7 @@ def measure(path: str, td: TensorDict, readers: list, repeats: int) -> dict:
                 ref = None
             else:
                 ref = ray.put(_payload(path, td))
-        added = ray.get([r.read.remote(path, ref, names) for r in readers])
+        added = ray.get([r.read.remote(path, [ref], names) for r in readers])
         elapsed = time.perf_counter() - start
         del ref
         if path in TQ_CONF:
