@@ -30,15 +30,16 @@ def run_as_child(script: str, done: str) -> None:
 
 
 @contextlib.contextmanager
-def two_nodes(**second_node) -> Iterator[None]:
+def two_nodes(runtime_env: dict | None = None, **second_node) -> Iterator[None]:
     """A head node and a second node (``second_node``: extra ``add_node`` arguments, e.g.
-    ``resources``), this process connected as the driver; shut down on exit."""
+    ``resources``), this process connected as the driver (with the job's ``runtime_env``);
+    shut down on exit."""
     import ray
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": STORE})
     cluster.add_node(num_cpus=1, object_store_memory=STORE, **second_node)
-    ray.init(address=cluster.address, include_dashboard=False, configure_logging=False)
+    ray.init(address=cluster.address, include_dashboard=False, configure_logging=False, runtime_env=runtime_env)
     try:
         yield
     finally:

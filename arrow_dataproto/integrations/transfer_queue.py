@@ -1,0 +1,400 @@
+"""A TransferQueue storage backend on Ray's object store and this library's codec.
+
+Importing this module registers the backend ``"arrow_dataproto"`` with TransferQueue
+(``transferqueue`` 0.1.11, ``pip install arrow-dataproto[transfer-queue]``); select it with::
+
+    import arrow_dataproto.integrations.transfer_queue   # registers the backend
+    tq.init(OmegaConf.create({"backend": {"storage_backend": "arrow_dataproto", "arrow_dataproto": {}}}))
+
+Every process that calls ``tq.init()`` (or a ``tq.kv_*`` function) needs the backend
+registered. One line does it in every Ray worker of a job (the hook imports nothing heavy;
+the backend is imported right after ``transfer_queue`` is)::
+
+    ray.init(runtime_env={"worker_process_setup_hook": "arrow_dataproto.integrations.register_transfer_queue"})
+
+Objects are owned by the directory actor, so that they outlive the process that put them:
+Ray 2.56 removed ``ray.put(..., _owner=)``, so the writer's ``ray.put`` is handed to the
+directory, which puts it again (a second copy, within the object store; the writer's is
+freed when the put returns). ``conf.backend.arrow_dataproto.owner = "putter"`` keeps the
+writer's object instead (one copy; the rows then live only as long as the writing process).
+
+Contract:
+
+- **put** (``kv_batch_put``, ``put``): the fields of one put become one :class:`DataProto`
+  (tensor fields in ``batch``, ``NonTensorStack``/``NonTensorData`` fields in
+  ``non_tensor_batch``), written with one ``ray.put``: one copy of the bytes into the
+  object store, whole columns, not rows (and, with the default ``owner="directory"``, one
+  more copy by the directory actor that ``tq.init()`` starts, which then owns it). A
+  non-contiguous or off-CPU tensor is made contiguous on the CPU first (the codec's rule).
+- **get** (``kv_batch_get``, ``get_data``): the reader fetches the objects holding the rows
+  asked for and decodes them under the receive options in force (default: private
+  copy-on-write views of shared memory, :mod:`arrow_dataproto.pickling`): a write in one
+  reader reaches nobody else. Rows that are one put's rows in order (all or a run of
+  them) are views; any other row set costs one copy of the selected bytes. Dense
+  fields stay dense, jagged stay jagged, every dtype and shape exact; non-tensor fields
+  come back as ``NonTensorStack``. Fields come back in the order asked
+  (``select_fields``), else in the order the controller lists them (the order they were put).
+- **clear** (``kv_clear``, ``clear_samples``, ``clear_partition``): the directory forgets the
+  rows; an object is freed once none of its rows is stored (and no reader still holds a
+  view of it).
+- **errors**: a directory or object that is gone (its actor killed) raises
+  :class:`TransferQueueStorageError` at once, never a hang.
+
+The directory lives as long as the TransferQueue controller (both are owned by the process
+that called ``tq.init()`` first); ``tq.close()`` in that process kills it and frees
+everything it holds. Checkpoint hooks are not implemented (TransferQueue reports that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import uuid
+from typing import Any, Callable
+
+import numpy as np
+import ray
+import torch
+from omegaconf import DictConfig
+from tensordict import NonTensorData, NonTensorStack, TensorDict, is_tensor_collection
+from transfer_queue.metadata import BatchMeta, extract_field_schema
+from transfer_queue.storage.bootstrap.provider import StorageBootstrapProvider
+from transfer_queue.storage.managers.base import StorageManager, StorageManagerFactory
+
+from .. import _rows
+from .._container import DataProto
+from ..errors import DataProtoError
+
+NAME = "arrow_dataproto"
+"""The backend's name: ``conf.backend.storage_backend`` and the section ``conf.backend[NAME]``."""
+
+NAMESPACE = "transfer_queue"
+
+
+class TransferQueueStorageError(DataProtoError, RuntimeError):
+    """The backend's directory actor or a stored object is gone (killed, or its node lost),
+    or rows asked for are not stored."""
+
+
+# ---------------------------------------------------------------- the directory (one Ray actor)
+
+
+class Directory:
+    """Which object holds which row of which field, and the references that keep the objects alive.
+
+    Objects are ``ray.put`` by the writers with this actor as their owner; the actor keeps
+    one reference per object while any of its cells (partition, field, row) is stored.
+    """
+
+    def __init__(self) -> None:
+        from .. import pickling
+
+        pickling.set_receive_options(copy=False)  # what arrives is only put again: plain views
+        self.objects: dict[str, list] = {}  # object id -> [ObjectRef, live cells]
+        self.cells: dict[tuple[str, str], dict[int, tuple[str, int]]] = {}  # (partition, field) -> index -> (id, row)
+
+    def ready(self) -> bool:
+        return True
+
+    def _drop(self, object_id: str, cells: int) -> None:
+        entry = self.objects[object_id]
+        entry[1] -= cells
+        if entry[1] <= 0:
+            del self.objects[object_id]
+
+    def adopt(self, partition: str, object_id: str, data: DataProto, indexes: list[int], fields: list[str]) -> None:
+        """Put ``data`` again, owned by this actor (one copy within the object store), and register it."""
+        self.register(partition, object_id, [ray.put(data)], indexes, fields)
+
+    def register(self, partition: str, object_id: str, refs: list, indexes: list[int], fields: list[str]) -> None:
+        """Record object ``object_id`` (``refs[0]``) as holding rows ``indexes`` of ``fields``."""
+        self.objects[object_id] = [refs[0], len(indexes) * len(fields)]
+        replaced: dict[str, int] = {}
+        for field in fields:
+            cells = self.cells.setdefault((partition, field), {})
+            for row, index in enumerate(indexes):
+                old = cells.get(index)
+                if old is not None:
+                    replaced[old[0]] = replaced.get(old[0], 0) + 1
+                cells[index] = (object_id, row)
+        for old_id, count in replaced.items():
+            self._drop(old_id, count)
+
+    def locate(self, partition: str, fields: list[str], indexes: list[int]) -> tuple[list, dict]:
+        """``(refs, {field: (object numbers into refs, rows)})`` for the cells asked."""
+        numbers: dict[str, int] = {}
+        where = {}
+        for field in fields:
+            cells = self.cells.get((partition, field), {})
+            try:
+                found = [cells[i] for i in indexes]
+            except KeyError as e:
+                raise KeyError(f"partition {partition!r}: field {field!r} has no stored row {e.args[0]}") from None
+            objs = np.fromiter((numbers.setdefault(o, len(numbers)) for o, _ in found), np.int64, len(found))
+            rows = np.fromiter((r for _, r in found), np.int64, len(found))
+            where[field] = (objs, rows)
+        return [self.objects[i][0] for i in numbers], where
+
+    def release(self, partition: str, indexes: list[int]) -> None:
+        """Forget every field of rows ``indexes``; free each object none of whose cells is left."""
+        released: dict[str, int] = {}
+        for field in [f for p, f in self.cells if p == partition]:
+            cells = self.cells[(partition, field)]
+            for index in indexes:
+                old = cells.pop(index, None)
+                if old is not None:
+                    released[old[0]] = released.get(old[0], 0) + 1
+            if not cells:
+                del self.cells[(partition, field)]
+        for object_id, count in released.items():
+            self._drop(object_id, count)
+
+    def held(self) -> int:
+        """How many objects the directory keeps alive."""
+        return len(self.objects)
+
+
+_created_here: dict[str, Any] = {}  # directory name -> handle, in the process that started it
+
+
+@StorageBootstrapProvider.register_provider(NAME)
+def bootstrap(conf: DictConfig) -> dict[str, Any]:
+    """Start the directory actor (run once by ``tq.init()``); its name goes into ``conf.backend[NAME]``."""
+    name = f"arrow_dataproto.directory.{uuid.uuid4().hex[:12]}"
+    actor: Any = ray.remote(Directory)
+    handle = (
+        actor.options(name=name, namespace=NAMESPACE, num_cpus=0, max_restarts=0)
+        .remote()
+    )
+    ray.get(handle.ready.remote())
+    if conf.backend.get(NAME) is None:
+        conf.backend[NAME] = {}
+    conf.backend[NAME].directory = name
+    _created_here[name] = handle
+    return {name: handle}
+
+
+# ---------------------------------------------------------------- fields <-> one DataProto
+
+
+def _to_dataproto(data: TensorDict) -> DataProto:
+    """Tensor fields (and nested TensorDicts) into ``batch``, non-tensor fields into ``non_tensor_batch``
+    (one object per row; ``NonTensorData`` holding a list/tuple/array of one value per row is read as
+    those values, as TransferQueue's own backends do, any other ``NonTensorData`` is every row's value)."""
+    rows = data.batch_size[0]
+    tensors, others = {}, {}
+    for key in data.keys():
+        value = data.get(key)
+        if isinstance(value, NonTensorStack):
+            others[key] = _objects(value.tolist(), rows)
+        elif isinstance(value, NonTensorData):  # a sequence with one value per row is those values, as in TQ
+            per_row = isinstance(value.data, (list, tuple, np.ndarray)) and len(value.data) == rows
+            others[key] = _objects(list(value.data) if per_row else [value.data] * rows, rows)
+        else:
+            tensors[key] = value
+    batch = TensorDict(tensors, batch_size=data.batch_size[:1]) if tensors else None
+    return DataProto(batch=batch, non_tensor_batch=others)
+
+
+def _objects(values: list, rows: int) -> np.ndarray:
+    out = np.empty(rows, dtype=object)
+    for i, v in enumerate(values):
+        out[i] = v
+    return out
+
+
+def _field(dp: DataProto, key: str) -> Any:
+    """Field ``key`` of ``dp`` (``None`` when this object does not hold it)."""
+    if dp.batch is not None and key in dp.batch.keys():
+        return dp.batch.get(key)
+    return dp.non_tensor_batch.get(key)
+
+
+def _runs(objs: np.ndarray, rows: np.ndarray) -> list[tuple[int, int, int]]:
+    """Maximal runs ``(object number, first row, stop row)`` of consecutive rows of one object."""
+    breaks = np.flatnonzero((np.diff(objs) != 0) | (np.diff(rows) != 1)) + 1
+    starts = np.concatenate(([0], breaks))
+    stops = np.concatenate((breaks, [len(rows)]))
+    return [(int(objs[a]), int(rows[a]), int(rows[a]) + int(b - a)) for a, b in zip(starts, stops)]
+
+
+def _select(values: list, objs: np.ndarray, rows: np.ndarray, shared: dict) -> Any:
+    """The rows ``(objs[i], rows[i])`` of one field whose value in object ``k`` is ``values[k]``:
+    a view for one run of one object, else one copy."""
+    runs = _runs(objs, rows)
+    first = values[runs[0][0]]
+    if isinstance(first, np.ndarray):  # a non-tensor column
+        picked = np.concatenate([values[o][a:b] for o, a, b in runs])
+        return NonTensorStack.from_list(picked.tolist())
+    if len(runs) == 1:
+        o, a, b = runs[0]
+        return _rows_of(values[o], lambda t: _rows.slice_rows(t, a, b, shared), b - a)
+    if not np.any(objs != objs[0]):  # one object, rows in another order: one gather
+        index = torch.from_numpy(rows.copy())
+        return _rows_of(first, lambda t: _rows.take(t, index, shared), len(rows))
+    pieces = [_rows_of(values[o], functools.partial(_slice, start=a, stop=b, shared=shared), b - a) for o, a, b in runs]
+    if is_tensor_collection(pieces[0]):
+        return _rows.cat_rows(pieces, shared)
+    return _join(pieces, shared)
+
+
+def _join(pieces: list[torch.Tensor], shared: dict) -> torch.Tensor:
+    """The pieces' rows in one tensor (one copy): dense if every piece is dense with one row shape,
+    jagged if every piece is jagged, else a nested tensor of the rows (jagged where one dimension
+    varies, strided otherwise), as TransferQueue's own backends build it."""
+    nested = {p.is_nested for p in pieces}
+    if nested == {False} and len({(p.shape[1:], p.dtype) for p in pieces}) == 1:
+        return _rows.cat(pieces, shared)
+    if nested == {True} and all(p.layout == torch.jagged for p in pieces):
+        return _rows.cat(pieces, shared)
+    rows = [r for p in pieces for r in (p.unbind() if p.is_nested else p.unbind(0))]
+    try:
+        return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+    except (RuntimeError, ValueError):
+        return torch.nested.as_nested_tensor(rows, layout=torch.strided)
+
+
+def _slice(t: torch.Tensor, start: int, stop: int, shared: dict) -> torch.Tensor:
+    return _rows.slice_rows(t, start, stop, shared)
+
+
+def _rows_of(value: Any, fn: Callable[[torch.Tensor], torch.Tensor], rows: int) -> Any:
+    return _rows.map_rows(value, fn, rows) if is_tensor_collection(value) else fn(value)
+
+
+# ---------------------------------------------------------------- the storage manager
+
+
+def _storage_error(error: BaseException, what: str) -> TransferQueueStorageError:
+    return TransferQueueStorageError(
+        f"arrow_dataproto TransferQueue backend: {what}: {type(error).__name__}: {error}. "
+        "The directory actor started by tq.init() (or the node holding the data) is gone; "
+        "the stored data is lost: call tq.close() and tq.init() again, and put the data again."
+    )
+
+
+@StorageManagerFactory.register(NAME)
+class ArrowStorageManager(StorageManager):
+    """TransferQueue's ``StorageManager`` for the ``"arrow_dataproto"`` backend (see the module docstring)."""
+
+    def __init__(self, controller_info: Any, config: DictConfig, zmq_context: Any = None):
+        name = config.get("directory") if config is not None else None
+        if not name:
+            raise TransferQueueStorageError(
+                f"conf.backend.{NAME}.directory is not set: tq.init() did not run this backend's bootstrap "
+                f"(import arrow_dataproto.integrations.transfer_queue before tq.init())"
+            )
+        owner = config.get("owner", "directory")
+        if owner not in ("directory", "putter"):
+            raise ValueError(f"conf.backend.{NAME}.owner must be 'directory' or 'putter', got {owner!r}")
+        super().__init__(controller_info, config, zmq_context=zmq_context)
+        self.owner = owner
+        self.directory_name = str(name)
+        try:
+            self.directory = ray.get_actor(self.directory_name, namespace=NAMESPACE)
+        except ValueError as e:
+            raise _storage_error(e, f"no directory actor {self.directory_name!r}") from e
+
+    def _call(self, what: str, method: str, *args: Any) -> Any:
+        try:
+            return ray.get(getattr(self.directory, method).remote(*args))
+        except ray.exceptions.RayActorError as e:
+            raise _storage_error(e, what) from e
+        except ray.exceptions.RayTaskError as e:
+            cause = e.as_instanceof_cause()
+            if isinstance(cause, KeyError):
+                raise TransferQueueStorageError(f"arrow_dataproto TransferQueue backend: {cause.args[0]}") from e
+            raise
+
+    def _put(self, data: TensorDict, metadata: BatchMeta) -> None:
+        dp = _to_dataproto(data)
+        indexes = [int(i) for i in metadata.global_indexes]
+        where = (metadata.partition_ids[0], uuid.uuid4().hex)
+        if self.owner == "putter":
+            self._call("put", "register", *where, [ray.put(dp)], indexes, list(data.keys()))
+        else:
+            self._call("put", "adopt", *where, dp, indexes, list(data.keys()))
+
+    async def put_data(self, data: TensorDict, metadata: BatchMeta, data_parser: Any = None) -> None:
+        """Store the rows of ``data`` (one object for all its fields) and tell the controller."""
+        if data_parser is not None:
+            raise NotImplementedError("data_parser is supported only by TransferQueue's SimpleStorage backend")
+        if data.batch_size[0] != metadata.size:
+            raise ValueError(f"data has {data.batch_size[0]} rows, the metadata {metadata.size}")
+        if metadata.size == 0:
+            return
+        if len(set(metadata.partition_ids)) != 1:
+            raise ValueError(f"one put goes to one partition, got {sorted(set(metadata.partition_ids))}")
+        await asyncio.get_running_loop().run_in_executor(None, self._put, data, metadata)
+        await self.notify_data_update(metadata.partition_ids[0], list(metadata.global_indexes), extract_field_schema(data))
+
+    def _get(self, metadata: BatchMeta) -> TensorDict:
+        asked = list(metadata.field_schema)
+        pieces = []
+        for partition, positions in _by_partition(metadata.partition_ids):
+            indexes = [int(metadata.global_indexes[p]) for p in positions]
+            refs, where = self._call("get", "locate", partition, asked, indexes)
+            try:
+                objects = ray.get(refs)
+            except (ray.exceptions.ObjectLostError, ray.exceptions.RayActorError) as e:
+                raise _storage_error(e, "get") from e
+            shared: dict = {}
+            fields = {k: _select([_field(o, k) for o in objects], where[k][0], where[k][1], shared) for k in asked}
+            pieces.append((positions, fields, len(indexes)))
+        if len(pieces) == 1:
+            fields = pieces[0][1]
+        else:  # rows of several partitions, in the order asked
+            fields = _merge(pieces, asked, metadata.size)
+        return TensorDict({k: fields[k] for k in asked}, batch_size=[metadata.size])
+
+    async def get_data(self, metadata: BatchMeta) -> TensorDict:
+        """The rows and fields of ``metadata`` (views where they are one put's rows in order)."""
+        if not metadata.field_schema or metadata.size == 0:
+            return TensorDict({}, batch_size=[metadata.size])
+        return await asyncio.get_running_loop().run_in_executor(None, self._get, metadata)
+
+    async def clear_data(self, metadata: BatchMeta) -> None:
+        """Forget the rows of ``metadata``, every field (the controller's metadata names only the
+        fields all its rows have); free the objects left without rows."""
+        for partition, positions in _by_partition(metadata.partition_ids):
+            indexes = [int(metadata.global_indexes[p]) for p in positions]
+            await asyncio.get_running_loop().run_in_executor(
+                None, self._call, "clear", "release", partition, indexes
+            )
+
+    def close(self) -> None:
+        """Close the controller sockets; in the process that started the directory, kill it (freeing its objects)."""
+        handle = _created_here.pop(getattr(self, "directory_name", ""), None)
+        if handle is not None:
+            try:
+                ray.kill(handle)
+            except Exception:  # Ray already shut down: nothing is left to free
+                pass
+        super().close()
+
+
+def _by_partition(partition_ids: list[str]) -> list[tuple[str, list[int]]]:
+    """``[(partition, positions)]`` in order of first appearance."""
+    groups: dict[str, list[int]] = {}
+    for position, partition in enumerate(partition_ids):
+        groups.setdefault(partition, []).append(position)
+    return list(groups.items())
+
+
+def _merge(pieces: list, asked: list[str], rows: int) -> dict:
+    """Fields of several partitions' rows, put back in the order of the metadata (one more copy)."""
+    positions = np.fromiter(itertools.chain.from_iterable(p for p, _, _ in pieces), np.int64, rows)
+    inverse = torch.from_numpy(np.argsort(positions, kind="stable"))
+    out: dict[str, Any] = {}
+    for k in asked:
+        parts = [f[k] for _, f, _ in pieces]
+        if isinstance(parts[0], NonTensorStack):
+            values = list(itertools.chain.from_iterable(p.tolist() for p in parts))
+            out[k] = NonTensorStack.from_list([values[i] for i in inverse.tolist()])
+        elif is_tensor_collection(parts[0]):
+            joined = _rows.cat_rows(parts)
+            out[k] = _rows.map_rows(joined, lambda t: _rows.take(t, inverse), rows)
+        else:
+            out[k] = _rows.take(_rows.cat(parts), inverse)
+    return out
