@@ -76,10 +76,8 @@ import numpy as np
 import orjson as _orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-import torch
 
 from . import _limits
-from ._dtypes import STORAGE, dtype_from_name, dtype_name
 from ._format import ARRAY_KINDS, KIND, MAX_NESTING, META_INFO, META_INFO_ENCODING, ArraySpec, text_metadata
 from .errors import DecodeError, EncodeError, PickleNotAllowedError, column_error
 
@@ -806,6 +804,10 @@ def _tagged(value: Any, where: str) -> Any:
     for what only pickle holds exactly: a tuple, a non-``str`` dict key, a dict that has the tag's
     key, a tensor with gradients, of a subclass, a layout other than strided or a dtype without
     storage. Other values are returned as they are (JSON's round trip decides on them)."""
+    import torch  # here, not at module level: reading a file's meta_info (the CLI) needs no torch
+
+    from ._dtypes import STORAGE, dtype_name
+
     kind = type(value)
     if kind is torch.Tensor:
         if value.layout != torch.strided or value.requires_grad or value.dtype not in STORAGE or value.is_nested:
@@ -885,6 +887,10 @@ def _untagged(value: Any) -> Any:
     record = value[TENSOR_TAG]
     if type(record) is not dict or set(record) != {"dtype", "shape", "device", "data"}:
         raise ValueError("malformed tensor tag")
+    import torch  # only for a tensor tag: meta_info without tensors decodes without torch
+
+    from ._dtypes import dtype_from_name
+
     dtype = dtype_from_name(str(record["dtype"]), "meta_info")
     shape = record["shape"]
     if type(shape) is not list or not all(type(d) is int and 0 <= d < 2**63 for d in shape):
