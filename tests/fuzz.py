@@ -231,15 +231,20 @@ def _decode_state(state: list) -> adp.DataProto:
     return pickling.rebuild_dataproto(schema_bytes, num_rows, columns)
 
 
-def _encode_verl_pickle(dp: adp.DataProto) -> bytes:
-    """The seed as verl's numpy-mode ``save_to_disk`` writes it (built without verl; nested TensorDicts,
-    which that mode cannot hold, left out): ``copyreg.__newobj__(verl.protocol.DataProto)`` + BUILD state."""
+def _as_verl_holds(dp: adp.DataProto) -> adp.DataProto:
+    """``dp`` as verl's numpy mode holds it: no nested TensorDicts, no batch device."""
     from tensordict import TensorDict, is_tensor_collection
 
-    batch = None
     if dp.batch is not None:
         leaves = {k: v for k, v in dp.batch.items() if not is_tensor_collection(v)}
-        batch = verl_api.serialize_tensordict(TensorDict(leaves, batch_size=dp.batch.batch_size))
+        dp = adp.DataProto(TensorDict(leaves, batch_size=dp.batch.batch_size), dp.non_tensor_batch, dp.meta_info)
+    return dp
+
+
+def _encode_verl_pickle(dp: adp.DataProto) -> bytes:
+    """The seed as verl's numpy-mode ``save_to_disk`` writes it (built without verl; seeds of
+    :func:`_as_verl_holds`): ``copyreg.__newobj__(verl.protocol.DataProto)`` + BUILD state."""
+    batch = None if dp.batch is None else verl_api.serialize_tensordict(dp.batch)
     body = pickle.dumps((batch, dp.non_tensor_batch, dp.meta_info), protocol=2)[2:-1]  # the state's opcodes
     return b"\x80\x02cverl.protocol\nDataProto\n)\x81" + body + b"b."
 
@@ -727,6 +732,7 @@ def targets() -> dict[str, Target]:
             encode=_encode_verl_pickle,
             decode=lambda payload: _in_folder(payload, _load_verl_pickle),
             mutate=lambda payload, rng, corpus, target: _mutate_bytes(payload, rng, corpus.donor(target, rng)),
+            seeds=("verl-ppo", "verl-kinds", "no-batch"),  # what verl's numpy mode holds; nothing to refuse
         )
     )
     return {t.name: t for t in found}
@@ -738,7 +744,7 @@ class Corpus:
     def __init__(self, target_names: list[str] | None = None):
         available = targets()
         self.targets = [available[n] for n in (target_names or list(available))]
-        self.seeds = {name: build() for name, build in SEEDS.items()}
+        self.seeds = {name: build() for name, build in {**SEEDS, **OWN_SEEDS}.items()}
         self.payloads = {(t.name, s): t.encode(self.seeds[s]) for t in self.targets for s in t.seeds}
 
     def target(self, name: str) -> Target:
@@ -1604,21 +1610,29 @@ def _json_foreign_targets() -> list[Target]:
     return [
         Target(
             "json-text",
-            encode=lambda dp: adp.to_ipc(_json_seed()).to_pybytes(),
+            encode=lambda dp: adp.to_ipc(dp).to_pybytes(),
             decode=_decode_json_checked,
             mutate=lambda payload, rng, corpus, target: _mutate_json(payload, rng),
-            seeds=("no-batch",),  # the payload is built from _json_seed(); the seed only names the case
+            seeds=("json",),
         ),
         Target(
             "foreign-types",
-            encode=lambda dp: _foreign_table_bytes(random.Random(0))[0],
+            encode=lambda dp: _foreign_table_bytes(random.Random(0))[0],  # the seed is this table, decoded
             decode=lambda payload: _decode_foreign_checked(payload) if not payload.startswith(b"deep") else _deep_in_memory(payload),
             mutate=lambda payload, rng, corpus, target: (
                 (b"deep" + rng.randbytes(8), "foreign:deep-in-memory") if rng.random() < 0.1 else _foreign_table_bytes(rng)
             ),
-            seeds=("no-batch",),
+            seeds=("foreign",),
         ),
     ]
+
+
+OWN_SEEDS: dict[str, Callable[[], adp.DataProto]] = {  # seeds of one target each (not in SEEDS: no other target uses them)
+    "json": _json_seed,
+    "verl-ppo": lambda: _as_verl_holds(sample_dataproto(seed=0)),
+    "verl-kinds": lambda: _as_verl_holds(kinds_dataproto()),
+    "foreign": lambda: adp.from_ipc(_foreign_table_bytes(random.Random(0))[0]),
+}
 
 
 # ---------------------------------------------------------------- worker process

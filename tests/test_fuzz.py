@@ -22,7 +22,7 @@ import fuzz  # tests/fuzz.py
 import arrow_dataproto as adp
 from arrow_dataproto.testing import assert_dataproto_equal, sample_dataproto
 
-SHORT_RUN = 400  # cases: a few seconds once the worker is up
+SHORT_RUN = 1000  # cases (about 40 a target): seconds once the worker is up
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,11 @@ tq = pytest.importorskip("transfer_queue", reason="transferqueue is not installe
 from omegaconf import OmegaConf  # noqa: E402
 from tensordict import NonTensorStack, TensorDict  # noqa: E402
 
+import ray  # noqa: E402
+
 from arrow_dataproto.integrations import transfer_queue as backend  # noqa: E402
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
 
 HOOK = {"worker_process_setup_hook": "arrow_dataproto.integrations.register_transfer_queue"}
 CONFIG = {"backend": {"storage_backend": "arrow_dataproto", "arrow_dataproto": {}}}
@@ -139,10 +143,12 @@ def test_dense_rows_are_views_of_the_object_store(tq_on_ray):
 def _reader_class():
     import ray
 
-    @ray.remote(num_cpus=0)  # the backend is registered there by unpickling this module's class
-    class Reader:
+    @ray.remote(num_cpus=0)
+    class Reader:  # shipped by value: each method imports the backend, which registers it in that worker
         def read_and_write(self, names, partition):
             import transfer_queue as tq
+
+            import arrow_dataproto.integrations.transfer_queue  # noqa: F401 -- registers the backend
 
             tq.init()
             got = tq.kv_batch_get(keys=names, partition_id=partition)
@@ -152,6 +158,8 @@ def _reader_class():
 
         def put(self, names, partition, start):
             import transfer_queue as tq
+
+            import arrow_dataproto.integrations.transfer_queue  # noqa: F401 -- registers the backend
 
             tq.init()
             tq.kv_batch_put(keys=names, partition_id=partition, fields=batch(len(names), start))
@@ -231,6 +239,8 @@ def main() -> None:
         @ray.remote(num_cpus=0, resources={"second": 1})
         def read(names):
             import transfer_queue as tq
+
+            import arrow_dataproto.integrations.transfer_queue  # noqa: F401 -- registers the backend
 
             tq.init()
             got = tq.kv_batch_get(keys=names, partition_id="far")
