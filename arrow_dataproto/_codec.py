@@ -297,11 +297,11 @@ def as_record_batch(data: Any) -> pa.RecordBatch:
         if not isinstance(data, pa.Table):
             raise DecodeError(f"expected a pyarrow.RecordBatch or Table, got {type(data).__name__}")
         columns = [c.chunk(0) if c.num_chunks == 1 else c.combine_chunks() for c in data.columns]
+        return record_batch_of(columns, data.schema, data.num_rows)
     except (pa.ArrowException, OSError, TypeError, ValueError) as e:
         if isinstance(e, DecodeError):
             raise
         raise DecodeError(f"cannot read the table as one record batch: {e}") from e
-    return record_batch_of(columns, data.schema, data.num_rows)
 
 
 def _narrowed(record_batch: pa.RecordBatch, columns: Iterable[str] | None, rows: tuple[int, int] | None) -> pa.RecordBatch:
