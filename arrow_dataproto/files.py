@@ -1429,7 +1429,8 @@ def recover_file(
             except (pa.ArrowException, OSError, ValueError):  # DecodeError is a ValueError
                 return  # the cut (or a damaged batch): keep what came before
             end = position.tell()
-            if end < body.size and body[end : end + 4].to_pybytes() != _CONTINUATION:
+            after = body[end : end + len(_CONTINUATION)].to_pybytes()
+            if after != _CONTINUATION[: len(after)]:  # (a marker cut at the end of the file is fine)
                 return  # its bytes ran into another message's: it was cut, then written over
             count += 1
             yield batch, custom or fallback

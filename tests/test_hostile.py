@@ -390,6 +390,24 @@ def test_recover_never_returns_a_half_written_batch(tmp_path):
     assert bool((files.read_file(tmp_path / "fixed.arrow").batch["x"] == 1).all())
 
 
+@pytest.mark.parametrize("kept", [0, 1, 2, 3, 4, 7])
+def test_recover_keeps_the_last_batch_when_the_end_marker_was_cut(kept, tmp_path):
+    """A writer killed while closing leaves every batch complete and part of the end-of-stream
+    marker (or of the footer after it): every batch is recovered."""
+    batch = lambda v: adp.DataProto(batch=TensorDict({"x": torch.full((4, 8), v, dtype=torch.int64)}, [4]))
+    first = adp.to_arrow(batch(1))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, first.schema) as w:
+        for v in (1, 2, 3):
+            w.write_batch(adp.to_arrow(batch(v)), custom_metadata=first.schema.metadata)
+        batches_end = sink.tell()
+    data = sink.getvalue().to_pybytes()
+    path = tmp_path / "x.arrow.partial"
+    path.write_bytes(b"ARROW1\x00\x00" + data[: batches_end + kept])
+    assert files.recover_file(path, tmp_path / "fixed.arrow") == 3
+    assert files.read_file(tmp_path / "fixed.arrow").batch["x"][:, 0].tolist() == [1] * 4 + [2] * 4 + [3] * 4
+
+
 # ---------------------------------------------------------------- 7. metadata that lies
 
 
