@@ -548,6 +548,21 @@ def test_damaged_verl_pickles_raise_decode_error_and_never_crash(tmp_path, name)
         DataProto.load_from_disk(_damaged_file(tmp_path, name), allow_pickle=True)
 
 
+def test_a_verl_pickle_with_a_huge_memo_index_loads_without_allocating_for_it(tmp_path):
+    """A PUT may name any index; CPython's C unpickler sizes its memo list by it (gigabytes for one
+    damaged byte, seconds spent zeroing them). The library unpickles verl's pickles in Python."""
+    from arrow_dataproto import DataProto
+
+    state = (None, {"uid": np.array(["a", "b"], dtype=object)}, {"step": 3})
+    data = _verl_pickle(state)
+    index = data.index(b"q\x00")  # the first BINPUT, never read back by a GET in this pickle
+    assert b"h\x00" not in data
+    path = tmp_path / "verl.pkl"
+    path.write_bytes(data[:index] + b"r\xff\xff\xff\x3f" + data[index + 2 :])  # LONG_BINPUT 2**30 - 1
+    loaded = DataProto.load_from_disk(path, allow_pickle=True)
+    assert loaded.non_tensor_batch["uid"].tolist() == ["a", "b"] and loaded.meta_info == {"step": 3}
+
+
 def test_verl_pickles_of_numpy_values_load_as_numpy_wrote_them(tmp_path):
     from arrow_dataproto import DataProto
 

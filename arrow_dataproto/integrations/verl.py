@@ -53,6 +53,7 @@ import importlib.machinery
 import os
 import pickle
 import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DecodeError, column_error
@@ -314,7 +315,14 @@ class VerlState:
         load_state(self, state)
 
 
-class _Unpickler(pickle.Unpickler):
+# CPython's C unpickler sizes its memo table by the largest index a PUT opcode names, so one
+# damaged index allocates gigabytes; the pure-Python unpickler keeps its memo in a dict.
+# Slower per opcode, but a verl pickle is a few opcodes per array (the bytes in one frame).
+_PythonUnpickler = pickle._Unpickler  # type: ignore[attr-defined]
+_PYTHON_PICKLE = types.SimpleNamespace(__name__="pickle", Unpickler=_PythonUnpickler, load=pickle._load)  # type: ignore[attr-defined]
+
+
+class _Unpickler(_PythonUnpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) == ("verl.protocol", "DataProto"):
             return VerlState
@@ -533,9 +541,9 @@ def _load_torch_save(data: bytes | bytearray | memoryview) -> TensorDict | None:
     from ..pickling import get_receive_options
 
     try:
-        batch = torch.load(io.BytesIO(data), weights_only=False, map_location=_here_or_cpu)
-    except (RuntimeError, EOFError, pickle.UnpicklingError, ValueError, TypeError, AttributeError, ImportError) as e:
-        raise DecodeError(f"verl DataProto state: the torch.save batch does not load: {e}") from e
+        batch = torch.load(io.BytesIO(data), weights_only=False, map_location=_here_or_cpu, pickle_module=_PYTHON_PICKLE)
+    except Exception as e:  # noqa: BLE001 -- damaged bytes can raise anything the objects they name raise
+        raise DecodeError(f"verl DataProto state: the torch.save batch does not load: {type(e).__name__}: {e}") from e
     if batch is not None and not is_tensor_collection(batch):
         raise DecodeError(f"verl DataProto state: torch.save holds a {type(batch).__name__}, not a TensorDict")
     device = get_receive_options().device
