@@ -318,7 +318,7 @@ class VerlState:
 # CPython's C unpickler sizes its memo table by the largest index a PUT opcode names, so one
 # damaged index allocates gigabytes; the pure-Python unpickler keeps its memo in a dict.
 # Slower per opcode, but a verl pickle is a few opcodes per array (the bytes in one frame).
-_PythonUnpickler = pickle._Unpickler  # type: ignore[attr-defined]
+_PythonUnpickler = pickle._Unpickler
 _PYTHON_PICKLE = types.SimpleNamespace(__name__="pickle", Unpickler=_PythonUnpickler, load=pickle._load)  # type: ignore[attr-defined]
 
 
