@@ -296,12 +296,22 @@ def as_record_batch(data: Any) -> pa.RecordBatch:
             data = pa.table(data)
         if not isinstance(data, pa.Table):
             raise DecodeError(f"expected a pyarrow.RecordBatch or Table, got {type(data).__name__}")
-        columns = [c.chunk(0) if c.num_chunks == 1 else c.combine_chunks() for c in data.columns]
+        columns = [c.chunk(0) if c.num_chunks == 1 else _combined(name, c) for name, c in zip(data.column_names, data.columns)]
         return record_batch_of(columns, data.schema, data.num_rows)
     except (pa.ArrowException, OSError, TypeError, ValueError) as e:
         if isinstance(e, DecodeError):
             raise
         raise DecodeError(f"cannot read the table as one record batch: {e}") from e
+
+
+def _combined(name: str, column: pa.ChunkedArray) -> pa.Array:
+    """The chunks of ``column`` as one array, each chunk validated first: concatenating the
+    chunks of a damaged stream would read past their buffers before the validation gate."""
+    try:
+        column.validate(full=True)
+    except pa.ArrowException as e:
+        raise column_error(DecodeError, name, f"invalid Arrow data: {e}") from e
+    return column.combine_chunks()
 
 
 def _narrowed(record_batch: pa.RecordBatch, columns: Iterable[str] | None, rows: tuple[int, int] | None) -> pa.RecordBatch:

@@ -1173,3 +1173,42 @@ def test_another_tools_multi_batch_stream_keeps_allow_pickle():
     with pytest.raises(adp.PickleNotAllowedError):
         adp.from_ipc(stream)
     assert adp.from_ipc(stream, allow_pickle=True).non_tensor_batch["p"].tolist() == [(1, 2), (3,)]
+
+
+_DAMAGED_SECOND_CHUNK = """
+import struct, sys
+import pyarrow as pa, pyarrow.compute as pc
+import arrow_dataproto as adp
+from arrow_dataproto import files
+
+def ree(values):
+    return pc.run_end_encode(pa.array(values, pa.int64()))
+
+first = pa.record_batch([ree([1, 2])], names=["r"])
+second = pa.record_batch([ree([0] * 30 + [1] * 30 + [2] * 17)], names=["r"])  # 3 runs
+sink = pa.BufferOutputStream()
+with pa.ipc.new_stream(sink, first.schema) as writer:
+    writer.write_batch(first)
+    writer.write_batch(second)
+stream = sink.getvalue().to_pybytes()
+node = struct.pack("<qq", 3, 0)  # the FieldNode of the second batch's run ends: length 3, no nulls
+at = stream.index(node)
+stream = stream[:at] + struct.pack("<qq", 1 << 31, 0) + stream[at + 16:]
+for name, read in (("from_ipc", lambda: adp.from_ipc(stream)),
+                   ("from_arrow", lambda: adp.from_arrow(pa.ipc.open_stream(stream))),
+                   ("read_file", lambda: (open(sys.argv[1], "wb").write(stream), files.read_file(sys.argv[1])))):
+    try:
+        read()
+        print(name, "decoded")
+    except adp.DecodeError as e:
+        print(name, "DecodeError", "Run ends array invalid" in str(e))
+"""
+
+
+def test_a_damaged_later_chunk_of_another_tools_stream_is_refused_before_concatenation(tmp_path):
+    """Fuzz case 67208 (foreign-types): the batches of another tool's stream become one table,
+    and concatenating a run-end-encoded chunk whose run ends claim 2**31 entries read past its
+    buffers (SIGSEGV) before the validation gate saw the batch. Every chunk is validated first."""
+    result = run_python(_DAMAGED_SECOND_CHUNK, str(tmp_path / "damaged.arrows"))
+    assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
+    assert result.stdout.split("\n")[:3] == [f"{name} DecodeError True" for name in ("from_ipc", "from_arrow", "read_file")]
