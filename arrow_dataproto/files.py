@@ -1073,8 +1073,9 @@ class FileReader(_Reader):
 
     def _read(self, indices, fields):
         # Uncompressed: read whole batches (zero-copy) and select; included_fields would copy.
-        # Compressed: included_fields spares decompressing the other columns.
-        pushdown = fields is not None and self.compression is not None
+        # Compressed: included_fields spares decompressing the other columns (IPC files only:
+        # a stream file's batches are read whole, then selected).
+        pushdown = fields is not None and self.compression is not None and self._stream is None
         reader, data = self._open_mapped(sorted(fields) if pushdown else None)
         if self._max_decoded is not None:  # the footer's word on compression is not trusted
             self._check_decoded_size(data, indices)
