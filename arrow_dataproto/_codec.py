@@ -40,10 +40,12 @@ from ._format import (
     TensorSpec,
     check_field_names,
     check_schema,
+    is_foreign,
     text_metadata,
     version_text,
 )
 from ._tensors import decode_tensor, encode_tensor
+from ._validate import validate_arrow
 from .errors import ColumnNotFoundError, DecodeError, EncodeError, column_error
 
 
@@ -192,46 +194,6 @@ def to_ipc(data: Any, *, compression: str | None = None) -> pa.Buffer:
 # ---------------------------------------------------------------- decode
 
 
-def validate_arrow(record_batch: pa.RecordBatch, where: str = "") -> None:
-    """The validation gate: every path that reads a RecordBatch's values or sizes (decoding,
-    sizes, copies, recovery, pandas) passes the batch through here first.
-
-    Arrow's full validation (every offset within its buffers, UTF-8, ...) plus what it
-    skips (:func:`_check_offsets`); :class:`DecodeError` naming the column otherwise. Costs
-    one pass over offsets and strings, none over fixed-width values.
-    """
-    if not isinstance(record_batch, pa.RecordBatch):
-        raise DecodeError(f"expected a pyarrow.RecordBatch, got {type(record_batch).__name__}")
-    prefix = f"{where}: " if where else ""
-    try:
-        record_batch.validate(full=True)
-    except pa.ArrowException as e:
-        raise DecodeError(f"{prefix}invalid Arrow data: {e}") from e
-    for name, column in zip(record_batch.schema.names, record_batch.columns):
-        _check_offsets(name, column)
-
-
-def _check_offsets(name: str, array: pa.Array) -> None:
-    """What Arrow's full validation skips (pyarrow 26): a negative offset, and a fixed_size_list
-    whose values end before its offset + length. Either would let a view read outside the
-    buffers; only hand-built arrays (``Array.from_buffers``: a pickled state) can have them."""
-    if isinstance(array, pa.ExtensionArray):
-        array = array.storage
-    kind = array.type
-    if array.offset < 0:
-        raise column_error(DecodeError, name, f"negative array offset {array.offset}")
-    if pa.types.is_fixed_size_list(kind) and len(array.values) < (array.offset + len(array)) * kind.list_size:
-        raise column_error(DecodeError, name, "fixed_size_list values end before its offset + length")
-    if pa.types.is_struct(kind):
-        children = [array.field(i) for i in range(kind.num_fields)]
-    elif pa.types.is_fixed_size_list(kind) or pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        children = [array.values]
-    else:
-        children = []
-    for child in children:
-        _check_offsets(name, child)
-
-
 @lru_cache(maxsize=None)
 def device_available(device: str) -> bool:
     """Whether this process can hold tensors on ``device`` (``"cuda:1"``...)."""
@@ -374,7 +336,7 @@ def decode(
     """
     if not isinstance(record_batch, pa.RecordBatch):
         raise DecodeError(f"expected a pyarrow.RecordBatch, got {type(record_batch).__name__}")
-    foreign = _foreign.is_foreign(record_batch.schema)
+    foreign = is_foreign(record_batch.schema)
     if foreign:  # narrowed first: the rule looks at the rows and columns read, nothing else
         check_field_names(record_batch.schema)
         record_batch = _narrowed(record_batch, columns, rows)

@@ -8,10 +8,10 @@ from typing import Any, Iterable
 import pyarrow as pa
 import torch
 
-from . import _foreign, _restore
+from . import _restore
 from ._codec import as_record_batch, decode, read_stream
 from ._container import DataProto
-from ._format import resolve_columns
+from ._format import is_foreign, resolve_columns
 
 
 def from_arrow(
@@ -76,7 +76,7 @@ def from_arrow(
     if columns is not None:
         columns = resolve_columns(record_batch.schema.names, columns, "the batch")
     original = None
-    if schema is not None and _foreign.is_foreign(record_batch.schema):
+    if schema is not None and is_foreign(record_batch.schema):
         original = _restore.original_schema(schema, allow_pickle=allow_pickle)
     batch, non_tensor_batch, meta_info = decode(
         record_batch, columns=columns, device=device, copy=copy, allow_pickle=allow_pickle, schema=original
@@ -111,7 +111,7 @@ def from_ipc(
     ``schema``: the original schema of another tool's stream, as in :func:`from_arrow`.
     """
     batches = read_stream(buffer, max_decoded_bytes)
-    if len(batches) > 1 and _foreign.is_foreign(batches[0].schema):  # one rule over all the rows
+    if len(batches) > 1 and is_foreign(batches[0].schema):  # one rule over all the rows
         return from_arrow(
             pa.Table.from_batches(batches), columns=columns, device=device, copy=copy, allow_pickle=allow_pickle, schema=schema
         )

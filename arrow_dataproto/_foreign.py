@@ -64,7 +64,6 @@ from ._format import (
     ArraySpec,
     FORMAT,
     FORMAT_NAME,
-    KEY_PREFIX,
     KIND,
     TENSOR_KINDS,
     VERSION,
@@ -86,18 +85,10 @@ _NUMERIC: dict[pa.DataType, torch.dtype] = {
 _RAY_TENSORS = ("ray.data.arrow_tensor", "ray.data.arrow_tensor_v2")
 """Ray Data's fixed-shape tensor extension types: a list of ``prod(shape)`` values per row."""
 _JSON = "arrow.json"
-_PREFIX = KEY_PREFIX.encode()
 _EXTENSION_NAME = "ARROW:extension:name"
 _EXTENSION_METADATA = "ARROW:extension:metadata"
 
 _FILL_NULLS = "fill the nulls first (pyarrow.compute.fill_null, DataFrame.fillna) or leave the column out with columns=[...]"
-
-
-def is_foreign(schema: pa.Schema) -> bool:
-    """Whether a schema comes from another tool: its metadata has no key of this format
-    (``adp.*``). A schema with some of them but not a valid ``adp.format`` is a damaged
-    payload of ours, refused as such."""
-    return not any(key.startswith(_PREFIX) for key in (schema.metadata or {}))
 
 
 def adopt(record_batch: pa.RecordBatch) -> pa.RecordBatch:

@@ -125,6 +125,14 @@ def text_metadata(metadata: Mapping[Any, Any] | None) -> dict[str, str]:
     return {text(k): text(v) for k, v in (metadata or {}).items()}
 
 
+def is_foreign(schema: pa.Schema) -> bool:
+    """Whether a schema comes from another tool: its metadata has no key of this format
+    (``adp.*``). A schema with some of them but not a valid ``adp.format`` is a damaged
+    payload of ours, refused as such."""
+    prefix = KEY_PREFIX.encode()
+    return not any(key.startswith(prefix) for key in (schema.metadata or {}))
+
+
 def check_schema(schema: pa.Schema) -> dict[str, str]:
     """The schema's metadata as ``str -> str``, after checking the format name and major version.
 

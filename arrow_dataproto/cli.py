@@ -14,7 +14,9 @@ Nothing is unpickled without ``--allow-pickle``: ``inspect`` never unpickles,
 pickle. Exit status: 0 on success, 1 on an error (printed as one line), 2 for
 a bad command line. torch, pyarrow and the rest of the library are imported by
 the command that needs them, so ``--help`` and usage errors answer at once, and
-``inspect`` (without ``--stats``) and ``verify`` import neither torch nor tensordict.
+``inspect`` (without ``--stats``), ``verify`` and ``head`` import neither torch nor
+tensordict (``head`` decodes with torch only the values numpy cannot show exactly, see
+:mod:`arrow_dataproto._preview`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
 
     from .files import ColumnInfo, FileReader
     from ._container import DataProto
+    from ._preview import TensorRows
 
 PICKLED = "<pickled>"
 """What ``head`` shows in a pickled column without ``--allow-pickle``."""
@@ -364,23 +367,30 @@ def _array_cell(dtype: str, shape: tuple[int, ...], ragged: list[bool], values: 
     return f"{_SHORT_DTYPES.get(dtype, dtype)}[{dims}]", [_number(v) for v in values]
 
 
-def _tensor_cells(column: Any, info: ColumnInfo, most: int) -> list[Any]:
-    import torch
-
-    rows = column.unbind() if column.is_nested else column
-    ragged = [n is None for n in info.shape] if isinstance(info.shape, list) else []
+def _tensor_cells(column: TensorRows, most: int) -> list[Any]:
+    """The cells of a tensor column's rows (numpy arrays or torch tensors, as shown)."""
     cells: list[Any] = []
-    for row in rows:
-        if row.dtype.is_floating_point and row.dtype not in (torch.float16, torch.float32, torch.float64):
-            values = row.reshape(-1)[:most].float()  # bf16 and fp8 have no Python conversion of their own
-        else:
-            values = row.reshape(-1)[:most]
-        if row.dim() == 0:
+    for row in column.rows:
+        values = row.reshape(-1)[:most]
+        if row.ndim == 0:
             cells.append(_number(values.item()))
             continue
-        marks = ragged if len(ragged) == row.dim() else [False] * row.dim()
-        cells.append(_array_cell(str(row.dtype).removeprefix("torch."), tuple(row.shape), marks, values.tolist()))
+        marks = column.ragged if len(column.ragged) == row.ndim else [False] * row.ndim
+        cells.append(_array_cell(column.dtype, tuple(row.shape), marks, values.tolist()))
     return cells
+
+
+def _torch_rows(column: Any, info: ColumnInfo) -> TensorRows:
+    """A decoded tensor column's rows as shown (bf16 and fp8 have no Python conversion of their own)."""
+    import torch
+
+    from ._preview import TensorRows
+
+    rows = list(column.unbind() if column.is_nested else column)
+    if column.dtype.is_floating_point and column.dtype not in (torch.float16, torch.float32, torch.float64):
+        rows = [row.float() for row in rows]
+    ragged = [n is None for n in info.shape] if isinstance(info.shape, list) else []
+    return TensorRows(str(column.dtype).removeprefix("torch."), ragged, rows)
 
 
 def _object_cells(values: np.ndarray, most: int) -> list[Any]:
@@ -415,8 +425,10 @@ def head_table(path: str | os.PathLike, n: int = 5, start: int = 0, columns: lis
     """Rows ``start:start+n`` of a file as cells: ``(column names, row numbers, cells by column,
     hidden pickled columns)``; an array cell keeps its first ``most`` values (see :func:`_render`).
     Without ``allow_pickle`` pickled columns read as ``<pickled>`` and ``meta_info`` is not
-    read: nothing is unpickled."""
+    read: nothing is unpickled. The rows are read with pyarrow and numpy alone where they
+    can be shown exactly that way (:mod:`arrow_dataproto._preview`), else decoded with torch."""
     from ._format import resolve_columns
+    from ._preview import decoded_rows
     from .files import open_file
 
     with open_file(path, allow_pickle=allow_pickle) as reader:
@@ -426,18 +438,33 @@ def head_table(path: str | os.PathLike, n: int = 5, start: int = 0, columns: lis
         if not reader.num_batches:  # the columns, and no rows (an unknown name is still refused)
             resolve_columns(reader.columns, names, str(reader))
             return names, [], [[] for _ in names], hidden
-        data = reader.read_rows(first, first + n, [c for c in names if c not in hidden], meta_info=allow_pickle)
-        infos = {c.name: c for c in reader.column_info()}
-        count = min(n, reader.num_rows - first)
+        shown = [c for c in names if c not in hidden]
+        count = max(0, min(n, reader.num_rows - first))
+        values = decoded_rows(_stored_rows(reader, first, first + count, shown), allow_pickle=allow_pickle)
+        if values is None:
+            data = reader.read_rows(first, first + n, shown, meta_info=allow_pickle)
+            infos = {c.name: c for c in reader.column_info()}
+            values = {name: data.non_tensor_batch[name] if name in data.non_tensor_batch
+                      else _torch_rows(data.batch[tuple(name.split("."))], infos[name]) for name in shown}
     cells = []
     for name in names:
         if name in hidden:
             cells.append([PICKLED] * count)
-        elif name in data.non_tensor_batch:
-            cells.append(_object_cells(data.non_tensor_batch[name], most))
         else:
-            cells.append(_tensor_cells(data.batch[tuple(name.split("."))], infos[name], most))
+            column = values[name]
+            cells.append(_tensor_cells(column, most) if isinstance(column, tuple) else _object_cells(column, most))
     return names, list(range(first, first + count)), cells, hidden
+
+
+def _stored_rows(reader: FileReader, start: int, stop: int, columns: list[str]) -> list:
+    """Rows ``start:stop`` of ``columns`` as stored: a slice of each batch they span, validated."""
+    pieces, at = [], 0
+    for i, rows in enumerate(reader.batch_rows):
+        a, b = max(start, at), min(stop, at + rows)
+        if a < b:
+            pieces.append(reader.read_arrow(i, columns).slice(a - at, b - a))
+        at += rows
+    return pieces
 
 
 def _fit(names: list[str], cells: list[list[Any]], index_width: int, width: int,

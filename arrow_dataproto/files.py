@@ -64,15 +64,12 @@ import secrets
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
-import torch
-from tensordict import is_tensor_collection
 
-from . import _checksum, _foreign, _limits, _portable, _restore
-from ._codec import as_record_batch, decode, to_arrow, validate_arrow
+from . import _checksum, _limits
 from .errors import (
     DataProtoError,
     DecodeError,
@@ -80,7 +77,6 @@ from .errors import (
     PickleNotAllowedError,
     SchemaMismatchError,
 )
-from ._container import DataProto
 from ._format import (
     CHECKSUMS,
     COMPRESSION,
@@ -97,6 +93,7 @@ from ._format import (
     Node,
     check_field_names,
     check_schema,
+    is_foreign,
     resolve_columns,
     text_metadata,
 )
@@ -108,6 +105,12 @@ from ._layout import message_header as _message_header
 from ._layout import scan_stream as _scan_stream
 from ._objects import JSON, OBJECT, PICKLE, decode_column, decode_meta_info, encode_as, json_type, pickled_meta_keys
 from ._progress import progress_bar
+from ._validate import validate_arrow
+
+if TYPE_CHECKING:
+    import torch
+
+    from ._container import DataProto
 
 __all__ = [
     "BatchLayout",
@@ -287,6 +290,8 @@ class FileWriter:
 
         A ``meta_info`` that needs pickling (values neither JSON nor tensors) is written
         pickled with a warning naming the keys: reading it back will need ``allow_pickle=True``."""
+        from ._codec import to_arrow
+
         batch = to_arrow(data, portable=self.portable)
         if (batch.schema.metadata or {}).get(META_INFO_ENCODING.encode()) == b"pickle" and not self._warned:
             self._warned = True
@@ -305,6 +310,8 @@ class FileWriter:
         Everything that can refuse the batch runs before a byte is written; a batch that
         widens or promotes a column is written with the rewritten batches into a new partial
         file, which replaces the old one only once complete (:meth:`_rewrite`)."""
+        from . import _portable
+
         batch = _portable.from_portable(batch)
         if self._failed:
             raise EncodeError(self._failed)
@@ -440,6 +447,8 @@ class FileWriter:
 
     def _form(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """``batch`` (stored form) as this writer writes it: its portable view if ``portable``."""
+        from . import _portable
+
         return _portable.to_portable(batch) if self.portable else batch
 
     def _new_writer(self, sink: Any, schema: pa.Schema) -> Any:
@@ -452,6 +461,8 @@ class FileWriter:
         """The batches written so far, in the stored form, read back from the partial file (a
         stream after the magic bytes of a file, whose footer is not written yet), viewing a
         read-only mapping of it."""
+        from . import _portable
+
         with open(self._partial, "rb") as f:
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         stream = pa.ipc.open_stream(pa.py_buffer(mapped).slice(0 if self.stream else 8))
@@ -548,6 +559,9 @@ class FileWriter:
         before = self._sink.tell()
         try:
             if self._writer is None:
+                from ._codec import to_arrow
+                from ._container import DataProto
+
                 empty = to_arrow(DataProto())
                 self._start(empty.schema, self._form(empty).schema)
             self._writer.close()
@@ -636,6 +650,8 @@ def _adopts(field: pa.Field, rows: int, expected: pa.Field) -> bool:
 
 def _as_batches(data: Any) -> Iterable[Any]:
     """A single DataProto (ours or verl's) or TensorDict as a one-item list; other iterables as they are."""
+    from tensordict import is_tensor_collection
+
     if is_tensor_collection(data) or hasattr(data, "non_tensor_batch"):
         return [data]
     return data
@@ -668,6 +684,12 @@ def write_file(
 # ---------------------------------------------------------------- reading
 
 
+def _empty() -> DataProto:
+    from ._container import DataProto
+
+    return DataProto()
+
+
 class _Reader:
     """What :class:`FileReader` and :class:`DatasetReader` share: rows, columns, decoding.
 
@@ -679,7 +701,11 @@ class _Reader:
     def __init__(self, *, allow_pickle: bool, device: str | torch.device | None, copy: bool, progress: bool,
                  schema: Any = None):
         self.allow_pickle = allow_pickle
-        self.original_schema = None if schema is None else _restore.original_schema(schema, allow_pickle=allow_pickle)
+        self.original_schema = None
+        if schema is not None:
+            from . import _restore
+
+            self.original_schema = _restore.original_schema(schema, allow_pickle=allow_pickle)
         self.device = device
         self.copy = copy
         self.progress = progress
@@ -797,6 +823,9 @@ class _Reader:
         rows: tuple[int, int] | None,
         meta_info: bool,
     ) -> DataProto:
+        from ._codec import decode
+        from ._container import DataProto
+
         batch = batch.replace_schema_metadata(metadata)
 
         def decoded() -> DataProto:
@@ -829,7 +858,7 @@ class _Reader:
         """
         fields, keep = self._fields(columns)
         batch, metadata = self._read([self._index(i)], fields)[0]
-        tree = Node.parse(metadata) if keep is not None and not _foreign.is_foreign(self.schema) else None
+        tree = Node.parse(metadata) if keep is not None and not is_foreign(self.schema) else None
         if tree is not None:
             metadata = {**metadata, **tree.select(set(keep or ())).metadata()}
         return batch.replace_schema_metadata(metadata)
@@ -849,7 +878,7 @@ class _Reader:
         bounds = [0, *itertools.accumulate(self.batch_rows)]
         if start == stop:  # no rows, but the columns of the file
             if not self.num_batches:
-                return DataProto()
+                return _empty()
             first = min(bisect.bisect_right(bounds, start) - 1, self.num_batches - 1)
             spans: list[tuple[int, int, int | None]] = [(first, 0, 0)]
         else:
@@ -864,15 +893,17 @@ class _Reader:
         """Every row as one DataProto (one batch: zero-copy; several: concatenated, see :meth:`read_rows`)."""
         fields, keep = self._fields(columns)
         if not self.num_batches:
-            return DataProto()
+            return _empty()
         return self._gather([(i, 0, None) for i in range(self.num_batches)], fields, keep, meta_info)
 
     def _gather(self, spans: list[tuple[int, int, int | None]], fields, keep, meta_info: bool) -> DataProto:
         """Rows ``a:b`` of batch ``i`` for each ``(i, a, b)`` (``b`` None: the whole batch), concatenated."""
         parts = []
         batches = self._read([i for i, _, _ in spans], fields)
-        if len(batches) > 1 and _foreign.is_foreign(self.schema):  # one table: one rule over all its rows
+        if len(batches) > 1 and is_foreign(self.schema):  # one table: one rule over all its rows
             pieces = [batch.slice(a, (batch.num_rows if b is None else b) - a) for (_, a, b), (batch, _) in zip(spans, batches)]
+            from ._codec import as_record_batch
+
             try:
                 whole = as_record_batch(pa.Table.from_batches(pieces))
             except (pa.ArrowException, ValueError) as e:  # DecodeError is a ValueError
@@ -883,7 +914,7 @@ class _Reader:
                 rows = None if b is None or (a, b) == (0, batch.num_rows) else (a, b)
                 parts.append(self._decode(batch, metadata, keep, rows, meta_info))
                 bar.update()
-        return parts[0] if len(parts) == 1 else DataProto.concat(parts, meta_info="update")
+        return parts[0] if len(parts) == 1 else type(parts[0]).concat(parts, meta_info="update")
 
     def iter_batches(self, columns: Iterable[str] | None = None, *, meta_info: bool = True) -> Iterator[DataProto]:
         """Each batch in order, as :meth:`read_batch` returns it."""
@@ -998,7 +1029,7 @@ class FileReader(_Reader):
             self._num_batches = reader.num_record_batches
             footer = text_metadata(reader.metadata)
             self.stream = self._stream is not None
-            self.foreign = _foreign.is_foreign(self.schema)
+            self.foreign = is_foreign(self.schema)
             if self.foreign:
                 check_field_names(self.schema)
             else:
@@ -1213,9 +1244,11 @@ def read_file(path: str | os.PathLike, columns: Iterable[str] | None = None, **o
 def _stored_schema(schema: pa.Schema) -> pa.Schema:
     """``schema`` in the stored form: a portable file's columns as their stored types, without
     ``adp.portable`` (what :func:`_portable.from_portable` makes of its batches)."""
-    if _foreign.is_foreign(schema) or PORTABLE.encode() not in (schema.metadata or {}):
+    if is_foreign(schema) or PORTABLE.encode() not in (schema.metadata or {}):
         return schema
     try:
+        from . import _portable
+
         return _portable.from_portable(pa.RecordBatch.from_pylist([], schema=schema)).schema
     except (pa.ArrowException, ValueError, TypeError) as e:  # DecodeError is a ValueError
         raise DecodeError(f"a portable schema that has no stored form: {e}") from e

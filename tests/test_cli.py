@@ -21,6 +21,7 @@ from tensordict import TensorDict
 from arrow_dataproto.testing import assert_dataproto_equal, sample_dataproto
 
 from arrow_dataproto import FORMAT_VERSION, DataProto
+from arrow_dataproto._preview import decoded_rows as numpy_rows  # the original: tests patch the module's
 from arrow_dataproto.cli import main
 from arrow_dataproto.files import FileWriter, open_file, read_file, write_file
 
@@ -529,3 +530,113 @@ def test_inspect_shortens_meta_info_of_many_batches(tmp_path, capsys):
     start = lines.index("  meta_info per batch:")
     assert status == 0 and len(lines) - start - 1 == 9
     assert "    ... 12 more (--json shows every batch)" in lines and "global_steps=19" in lines[-1]
+
+
+# ---------------------------------------------------------------- head without torch: the same cells
+
+
+def _every_numpy_dtype(rows: int, seed: int) -> DataProto:
+    """A column of each dtype numpy shows exactly, dense (1-D, 2-D, 3-D) and jagged (the
+    ragged dimension first and second), with the values that format oddly."""
+    g = torch.Generator().manual_seed(seed)
+    floats = torch.tensor([0.0, -0.0, float("nan"), float("inf"), -float("inf"), 1e-40, 3.3895e38, -1.5])
+    ints = {
+        torch.int8: [-128, 127], torch.int16: [-(2**15), 2**15 - 1], torch.int32: [-(2**31), 2**31 - 1],
+        torch.int64: [-(2**63), 2**63 - 1], torch.uint8: [0, 255], torch.uint16: [0, 2**16 - 1],
+        torch.uint32: [0, 2**32 - 1], torch.uint64: [0, 2**63 + 5],
+    }
+    leaves: dict[str, torch.Tensor] = {}
+    for dtype in (torch.float16, torch.float32, torch.float64, torch.bfloat16, torch.complex64, torch.complex128):
+        real = floats[torch.randint(len(floats), (rows * 6,), generator=g)].to(dtype.to_real() if dtype.is_complex else dtype)
+        values = torch.complex(real, real.flip(0)) if dtype.is_complex else real
+        name = str(dtype).removeprefix("torch.")
+        leaves[name] = values[:rows]
+        leaves[name + "_2d"] = values.view(rows, 6)
+        leaves[name + "_3d"] = values.view(rows, 2, 3)
+    for dtype, (low, high) in ints.items():
+        name = str(dtype).removeprefix("torch.")
+        pick = torch.tensor([low, high, 0, 1], dtype=torch.float64)[torch.randint(4, (rows * 4,), generator=g)]
+        values = torch.tensor([int(v) for v in pick.tolist()], dtype=dtype) if dtype == torch.uint64 else pick.to(dtype)
+        leaves[name] = values[:rows]
+        leaves[name + "_2d"] = values.view(rows, 4)
+    leaves["bool"] = torch.rand(rows, generator=g) > 0.5
+    leaves["bool_2d"] = torch.rand(rows, 5, generator=g) > 0.5
+    lengths = [int(n) for n in torch.randint(0, 5, (rows,), generator=g)]
+    leaves["jagged"] = torch.nested.nested_tensor(
+        [torch.randn(n, generator=g).to(torch.bfloat16) for n in lengths], layout=torch.jagged)
+    leaves["jagged_rows"] = torch.nested.nested_tensor(
+        [torch.arange(n * 2, dtype=torch.int32).view(n, 2) for n in lengths], layout=torch.jagged)
+    leaves["mrope"] = torch.nested.nested_tensor(
+        [torch.arange(n * 3).view(n, 3) for n in lengths], layout=torch.jagged).transpose(1, 2)
+    batch = TensorDict({**leaves, "nested": TensorDict({"x": torch.arange(rows)}, batch_size=[rows])}, batch_size=[rows])
+    non_tensor = {
+        "uid": np.array([f"u{seed}-{i}" for i in range(rows)], dtype=object),
+        "info": np.array([{"k": i, "v": [1.5, None]} if i % 2 else {"k": [i]} for i in range(rows)], dtype=object),
+        "score": np.array([0.25 * i for i in range(rows)]),
+        "maybe": np.array([None if i % 3 == 0 else f"x{i}" for i in range(rows)], dtype=object),
+    }
+    return DataProto(batch=batch, non_tensor_batch=non_tensor, meta_info={"step": seed})
+
+
+def _head_both_ways(path, monkeypatch, **options):
+    """``head_table`` as the command line runs it (numpy where it can) and decoded with torch,
+    and whether the numpy path read the rows."""
+    from arrow_dataproto import _preview, cli
+
+    used = []
+
+    def spy(*args, **kwargs):
+        result = numpy_rows(*args, **kwargs)
+        used.append(result is not None)
+        return result
+
+    monkeypatch.setattr(_preview, "decoded_rows", spy)
+    fast = cli.head_table(path, **options)
+    monkeypatch.setattr(_preview, "decoded_rows", lambda *args, **kwargs: None)
+    return fast, cli.head_table(path, **options), used == [True]
+
+
+@pytest.mark.parametrize("options", [{}, {"compression": "zstd"}, {"stream": True}], ids=["plain", "zstd", "stream"])
+def test_head_shows_the_same_cells_with_numpy_as_decoded_with_torch(tmp_path, monkeypatch, options):
+    """The numpy path of ``head`` (no torch import) against the torch decode, cell for cell:
+    every dtype numpy shows, dense and jagged, rows spanning two batches, object columns."""
+    path = tmp_path / "every.arrow"
+    write_file(path, [_every_numpy_dtype(5, 0), _every_numpy_dtype(4, 1)], **options)
+    for window in ({"n": 9}, {"n": 3, "start": 3}, {"n": 2, "start": -1}, {"n": 4, "columns": ["mrope", "info", "nested"]}):
+        fast, slow, numpy_used = _head_both_ways(path, monkeypatch, most=64, **window)
+        assert numpy_used, window
+        assert fast == slow, window
+    names, index, cells, _ = fast
+    assert index == [0, 1, 2, 3] and names == ["mrope", "info", "nested.x"]
+
+
+@pytest.mark.parametrize("leaf", ["fp8", "complex32", "strided", "shared_offsets", "batch_2d", "portable", "foreign"])
+def test_head_decodes_with_torch_what_numpy_cannot_show(tmp_path, monkeypatch, leaf):
+    rows = 3
+    batch_size = [rows]
+    lengths = [1, 3, 2]
+    if leaf == "fp8":
+        leaves = {"x": torch.randn(rows, 4).to(torch.float8_e4m3fn)}
+    elif leaf == "complex32":
+        leaves = {"x": torch.randn(rows, 2, dtype=torch.complex64).to(torch.complex32)}
+    elif leaf == "strided":
+        leaves = {"x": torch.nested.nested_tensor([torch.ones(n, 2) for n in lengths])}
+    elif leaf == "shared_offsets":
+        first = torch.nested.nested_tensor([torch.arange(n) for n in lengths], layout=torch.jagged)
+        leaves = {"a": first, "b": torch.nested.nested_tensor_from_jagged(first.values() * 2, first.offsets())}
+    elif leaf == "batch_2d":
+        leaves, batch_size = {"x": torch.arange(rows * 2 * 3).view(rows, 2, 3)}, [rows, 2]
+    else:
+        leaves = {"x": torch.randn(rows, 2).to(torch.bfloat16)}
+    dp = DataProto(batch=TensorDict(leaves, batch_size=batch_size), non_tensor_batch={"s": np.array(["a", "b", "c"], dtype=object)})
+    path = tmp_path / "f.arrow"
+    if leaf == "foreign":
+        import pyarrow as pa
+
+        with pa.ipc.new_file(path, pa.schema([("x", pa.list_(pa.float32(), 2)), ("s", pa.string())])) as writer:
+            writer.write_table(pa.table({"x": pa.array([[1.5, 2.0]] * rows, pa.list_(pa.float32(), 2)), "s": ["a", "b", "c"]}))
+    else:
+        write_file(path, dp, portable=leaf == "portable")
+    fast, slow, numpy_used = _head_both_ways(path, monkeypatch)
+    assert not numpy_used
+    assert fast == slow and fast[1] == [0, 1, 2]

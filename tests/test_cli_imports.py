@@ -79,3 +79,31 @@ def test_verify_imports_no_torch(tmp_path, stream):
     assert "2 batches" in result["out"] and "match their checksums" in result["out"]
     files.write_file(path, dp)  # no checksums
     assert _run("verify", str(path))["status"] == 1
+
+
+@pytest.mark.parametrize("name", ["plain.arrow", "zstd.arrow", "plain.arrows", "lz4.arrows"])
+def test_head_imports_no_torch(written, name):
+    """Every column of the sample (bf16, bool, jagged, mrope-style jagged, a nested TensorDict,
+    strings, structs) is shown with numpy; rows 3 and 4 come from two batches."""
+    shown = {"ref_log_prob": "bf16[7]", "response_mask": "bool[7]", "position_ids_mrope": "i64[3,*",
+             "responses_jagged": "i64[*", "extra": "f32[7]", "uid": "-", "reward_model": "{"}
+    for column, cell in shown.items():  # one column a call: the terminal's width is unknown here
+        result = _run("head", str(written[name]), "--start", "3", "-n", "2", "--columns", column)
+        assert result["status"] == 0
+        assert result["heavy"] == []
+        lines = result["out"].splitlines()
+        assert len(lines) == 3 and lines[1].startswith("3 ") and lines[2].startswith("4 ")
+        assert lines[0].split() == [column if column != "extra" else "extra.values"] and cell in lines[1], lines
+
+
+def test_head_of_a_verl_rollout_imports_no_torch(tmp_path):
+    from arrow_dataproto import DataProto
+    from arrow_dataproto.testing import samples
+
+    batch, non_tensor_batch, meta_info = samples.verl_rollout(rows=8, prompt=16, response=16)
+    path = tmp_path / "rollout.arrow"
+    files.write_file(path, DataProto(batch=batch, non_tensor_batch=non_tensor_batch, meta_info=meta_info))
+    every = [*batch.keys(), *non_tensor_batch]
+    result = _run("head", str(path), "--columns", *every)
+    assert result["status"] == 0 and result["heavy"] == []
+    assert len(result["out"].splitlines()) == 6
