@@ -555,17 +555,22 @@ class String:
         return values.reshape(len(array), *row_shape)
 
 
-def _plain_text(rows: list) -> bool:
-    """Every row an exact ``str`` (no subclass, no None): Arrow text gives such rows back
-    exactly without a check (``pa.array`` refuses text that is not UTF-8)."""
-    return set(map(type, rows)) == {str}
+_PLAIN_TYPES = {str: (pa.string(), pa.large_string()), bytes: (pa.binary(), pa.large_binary())}
+"""The Arrow types that give exact ``str`` and ``bytes`` rows back exactly, by offset width."""
 
 
-def _text_type(rows: list) -> pa.DataType | None:
-    """``large_string`` for plain text of more than :data:`MAX_STRING_BYTES` characters (its
-    UTF-8 bytes are at least as many), so that it is converted once, in one piece; else
-    ``None`` (inferred)."""
-    return pa.large_string() if sum(map(len, rows)) > MAX_STRING_BYTES else None
+def _plain_kind(rows: list) -> type | None:
+    """``str`` or ``bytes`` if every row is exactly one of them (no subclass, no None): Arrow
+    gives such rows back exactly without a check (``pa.array`` refuses text that is not UTF-8)."""
+    kinds = set(map(type, rows))
+    return kinds.pop() if len(kinds) == 1 and kinds <= _PLAIN_TYPES.keys() else None
+
+
+def _plain_type(rows: list, kind: type) -> pa.DataType:
+    """The large type for more than :data:`MAX_STRING_BYTES` characters or bytes (UTF-8 takes
+    at least as many bytes as characters), so that the rows are converted once, in one
+    piece; else the type with 32-bit offsets."""
+    return _PLAIN_TYPES[kind][sum(map(len, rows)) > MAX_STRING_BYTES]
 
 
 _SAME_ROWS_SLICE = 4096
@@ -594,12 +599,12 @@ class Object:
         rows = values.tolist()
         if not _may_be_native(rows) or _census(rows, _NATIVE_TYPES, MAX_NESTING - 1) is None:
             return None  # deeper than MAX_NESTING fields: Arrow's IPC format refuses it (pa.array crashes far deeper)
-        text = _plain_text(rows)
+        plain = _plain_kind(rows)
         try:
-            array = _to_arrow(rows, _text_type(rows) if text else None)
+            array = _to_arrow(rows, None if plain is None else _plain_type(rows, plain))
         except Exception:  # pa.array calls into arbitrary user objects; any failure -> pickle
             return None
-        if text and array.type in (pa.string(), pa.large_string()):
+        if plain is not None and array.type in _PLAIN_TYPES[plain]:
             return array
         if _is_plain(array.type) and _same_rows(rows, array):
             return array
