@@ -253,8 +253,15 @@ _JSON_TYPES = frozenset({type(None), bool, int, float, str, list, dict})
 _NATIVE_TYPES = _JSON_TYPES | {bytes}
 """What a native object column may hold: :meth:`Object.encode` gives any other type (a
 tuple, a subclass) back as another, so it does not try."""
-_LONG_DIGITS = re.compile(rb"\d{19}")
-"""19 digits in a row: an int at the int64 bounds or beyond (orjson writes up to 2**64 - 1)."""
+_DIGITS_AS_ZEROS = bytes(48 if chr(c).isdigit() and c < 128 else 32 for c in range(256))
+"""A ``bytes.translate`` table: each ASCII digit to ``0``, every other byte to a space."""
+
+
+def _has_long_digits(text: bytes) -> bool:
+    """19 digits in a row: an int at the int64 bounds or beyond (orjson writes up to
+    2**64 - 1). A table translation and a substring search, 10-20 times faster than the
+    regular expression ``\\d{19}`` on text-heavy columns."""
+    return text.translate(_DIGITS_AS_ZEROS).find(b"0" * 19) >= 0
 
 
 def _is_json(value: Any, depth: int = JSON_MAX_DEPTH) -> bool:
@@ -328,9 +335,9 @@ def _census(rows: list, types: frozenset[type], depth: int) -> int | None:
     return None  # unreachable: the loop returns at position depth + 1
 
 
-def _json_texts(rows: list) -> list[bytes] | None:
-    """The compact JSON text (UTF-8) of each row (``b""`` for a ``None`` row), or None when a
-    row is not JSON (:func:`_is_json`).
+def _json_texts(rows: list) -> tuple[list[bytes], bytes] | None:
+    """The compact JSON text (UTF-8) of each row (``b""`` for a ``None`` row) and the texts
+    joined, or None when a row is not JSON (:func:`_is_json`).
 
     orjson writes the text; it refuses non-``str`` keys, ints beyond 64 bits and surrogates,
     and :func:`_census` refuses every other type and the depth. What orjson would
@@ -345,13 +352,13 @@ def _json_texts(rows: list) -> list[bytes] | None:
     except TypeError:  # orjson.JSONEncodeError: a non-str key, a huge int, a surrogate
         return _stdlib_texts(rows)
     joined = b"".join(texts)
-    if joined.count(b"null") > nones or _LONG_DIGITS.search(joined):
+    if joined.count(b"null") > nones or _has_long_digits(joined):
         if not all(map(_is_json, rows)):
             return None
-    return texts
+    return texts, joined
 
 
-def _stdlib_texts(rows: list) -> list[bytes] | None:
+def _stdlib_texts(rows: list) -> tuple[list[bytes], bytes] | None:
     """Where orjson refuses (a string holds a surrogate, which has no UTF-8; or a row is not
     JSON): the reference walk, then the stdlib encoder, ASCII-escaped (``\\uXXXX``). A string
     holding a high surrogate then a low one (a pair split into two code points) would read
@@ -362,7 +369,7 @@ def _stdlib_texts(rows: list) -> list[bytes] | None:
     for row, text in zip(rows, texts):
         if row is not None and not same(row, _JSON_DECODER.decode(text.decode())):
             return None
-    return texts
+    return texts, b"".join(texts)
 
 
 def _ascii_encoder() -> Callable[[Any], str]:
@@ -460,8 +467,6 @@ def _load_json_column(storage: pa.Array) -> np.ndarray:
     offsets = np.frombuffer(valid.buffers()[1], dtype=np.int64 if valid.type == pa.large_string() else np.int32)
     offsets = offsets[valid.offset : valid.offset + len(valid) + 1]
     data = memoryview(valid.buffers()[2]).cast("B")[offsets[0] : offsets[-1]]  # unsigned: compares equal to bytes
-    base = int(offsets[0])
-    texts = [data[a - base : b - base] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
     values = None
     try:
         joined = pc.binary_join(pa.ListArray.from_arrays([0, len(valid)], valid), ",")
@@ -474,7 +479,8 @@ def _load_json_column(storage: pa.Array) -> np.ndarray:
     except (TypeError, ValueError, pa.ArrowException):  # a row orjson refuses or cannot write back
         pass
     if values is None:
-        values = []
+        base, values = int(offsets[0]), []
+        texts = (data[a - base : b - base] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()))
         for i, text in enumerate(texts):
             try:
                 values.append(_load_json(text))
@@ -555,7 +561,9 @@ class String:
         return values.reshape(len(array), *row_shape)
 
 
-_PLAIN_TYPES = {str: (pa.string(), pa.large_string()), bytes: (pa.binary(), pa.large_binary())}
+_PLAIN_TYPES: dict[type, tuple[pa.DataType, pa.DataType]] = {
+    str: (pa.string(), pa.large_string()), bytes: (pa.binary(), pa.large_binary())
+}
 """The Arrow types that give exact ``str`` and ``bytes`` rows back exactly, by offset width."""
 
 
@@ -632,9 +640,10 @@ class Json:
     @staticmethod
     def encode_rows(rows: list) -> pa.Array | None:
         """The JSON column of ``rows``, or None if one is not JSON (:func:`_is_json`)."""
-        texts = _json_texts(rows)
-        if texts is None:
+        written = _json_texts(rows)
+        if written is None:
             return None
+        texts, joined = written
         lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
         offsets = np.zeros(len(texts) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
@@ -644,7 +653,7 @@ class Json:
         small = offsets[-1] <= MAX_STRING_BYTES
         storage = pa.Array.from_buffers(
             pa.string() if small else pa.large_string(), len(rows),
-            [bitmap, pa.py_buffer(offsets.astype(np.int32) if small else offsets), pa.py_buffer(b"".join(texts))],
+            [bitmap, pa.py_buffer(offsets.astype(np.int32) if small else offsets), pa.py_buffer(joined)],
             null_count=nulls,
         )
         return _as_json(storage)
