@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Union
 
@@ -152,6 +153,10 @@ def check_schema(schema: pa.Schema) -> dict[str, str]:
             f"which reads {FORMAT_VERSION[0]}.x"
         )
     check_field_names(schema)
+    names = schema.names
+    if len(set(names)) != len(names):  # each column a tree leaf or a non_tensor_batch key: unique
+        twice = sorted(n for n, count in Counter(names).items() if count > 1)
+        raise DecodeError(f"column name(s) {twice[:5]} appear more than once: a damaged schema")
     return metadata
 
 

@@ -1212,3 +1212,21 @@ def test_a_damaged_later_chunk_of_another_tools_stream_is_refused_before_concate
     result = run_python(_DAMAGED_SECOND_CHUNK, str(tmp_path / "damaged.arrows"))
     assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
     assert result.stdout.split("\n")[:3] == [f"{name} DecodeError True" for name in ("from_ipc", "from_arrow", "read_file")]
+
+
+def test_a_footer_naming_one_column_twice_is_refused_by_every_reader(tmp_path):
+    """Fuzz case 45463 (cli, footer-field rename): the footer's schema renamed ``uid2`` to
+    ``uid1``; ``convert`` then failed with a bare ``KeyError`` from pyarrow. Every column of this
+    format has its own name, so a schema of ours naming one twice is damaged."""
+    dp = adp.DataProto(None, {"uid1": _objects("a", "b"), "uid2": _objects("c", "d")}, {})
+    path = tmp_path / "twice.arrow"
+    files.write_file(path, dp)
+    data = path.read_bytes()
+    footer_at = data.rindex(b"uid2")  # the footer's schema comes last
+    path.write_bytes(data[:footer_at] + b"uid1" + data[footer_at + 4 :])
+    for read in (lambda: files.open_file(path), lambda: files.read_file(path),
+                 lambda: files.copy_file(path, tmp_path / "copy.arrow")):
+        with pytest.raises(DecodeError, match=r"\['uid1'\] appear more than once"):
+            read()
+    result = run_cli("convert", path, tmp_path / "converted.arrow")
+    assert result.returncode == 1 and "appear more than once" in result.stderr
