@@ -16,6 +16,9 @@ One step: ``wg.compute(dp)`` with ``Dispatch.DP_COMPUTE_PROTO`` -- verl chunks t
 batch, each worker computes per-row statistics on every tensor of its chunk and
 returns a new DataProto, verl concatenates the returns. Every mode's result is
 checked against the same computation run locally on the same chunks (exactly).
+Each mode also runs the step on a batch already in its workers (*held*: placed there
+once, untimed; verl dispatches a row index instead), so that per step minus held is what
+moving the batch in costs: the driver's pickling and put, the workers' unpickling.
 The modes take turns step by step (``harness.interleaved``); reported: median
 and best seconds per step, ratio to verl's numpy mode, and the workers' own
 compute seconds and torch thread counts (what they saw).
@@ -103,6 +106,7 @@ def compute(data):
 def worker_class():
     import ray
     import torch
+    from verl.protocol import DataProto
     from verl.single_controller.base import Worker
     from verl.single_controller.base.decorator import Dispatch, register
 
@@ -110,6 +114,19 @@ def worker_class():
     class StepWorker(Worker):
         @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
         def step(self, data):
+            return self.timed_compute(data)
+
+        @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+        def hold(self, data):
+            self.held = data
+            return DataProto.from_dict({"rows": torch.tensor([len(data)])})
+
+        @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+        def step_held(self, index):
+            assert len(index) == len(self.held), "the index chunks as the held batch did"
+            return self.timed_compute(self.held)
+
+        def timed_compute(self, data):
             start = time.perf_counter()
             out = compute(data)
             out.meta_info["metrics"] = {"compute_s": time.perf_counter() - start, "threads": torch.get_num_threads()}
@@ -149,6 +166,7 @@ def check(result, reference, mode: str) -> None:
 
 def steps(args) -> tuple[dict, dict, dict]:
     import ray
+    import torch
     from verl.protocol import DataProto
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
@@ -161,11 +179,15 @@ def steps(args) -> tuple[dict, dict, dict]:
         groups[mode] = RayWorkerGroup(pool, RayClassWithInitArgs(cls=worker_class()), worker_env=env, device_name="cpu")
         patched = groups[mode].patched()
         assert all(patched) == (value == "arrow") and any(patched) == (value == "arrow"), f"{mode}: hook {patched}"
+    index = DataProto.from_dict({"row": torch.arange(len(data))})  # chunks as the batch does
+    for mode, value in MODES.items():
+        set_driver_mode(value)
+        groups[mode].hold(data)
     seen: dict = {mode: {"compute_s": [], "threads": set()} for mode in MODES}
 
-    def run(mode):
+    def run(mode, held):
         def step():
-            out = groups[mode].step(data)
+            out = groups[mode].step_held(index) if held else groups[mode].step(data)
             metrics = out.meta_info["metrics"]
             seen[mode]["compute_s"].append(statistics.median(metrics["compute_s"]))
             seen[mode]["threads"].update(metrics["threads"])
@@ -174,7 +196,7 @@ def steps(args) -> tuple[dict, dict, dict]:
 
         return step, lambda: set_driver_mode(MODES[mode])
 
-    timings = harness.interleaved({mode: run(mode) for mode in MODES}, args.repeats)
+    timings = harness.interleaved({(mode, held): run(mode, held) for mode in MODES for held in (False, True)}, args.repeats)
     set_driver_mode(None)
     nbytes = sum(t.numel() * t.element_size() for t in data.batch.values() if not t.is_nested)
     nbytes += data.batch["response_tokens"].values().numel() * 8
@@ -228,7 +250,8 @@ def main() -> None:
         timings, seen, size = steps(args)
     finally:
         ray.shutdown()
-    base = timings["verl_numpy"]
+    base = timings["verl_numpy", False]
+    moved = {mode: timings[mode, False].median - timings[mode, True].median for mode in MODES}
     lines = [
         "# verl RayWorkerGroup end to end (`benchmarks/bench_verl_e2e.py`)",
         "",
@@ -237,12 +260,18 @@ def main() -> None:
         f"median (best) of {args.repeats} steps after a warm-up, modes taking turns. Every result checked "
         "exactly against the same computation run locally. Seconds.",
         "",
-        "| mode | per step | x numpy mode | workers' compute (median) | workers' torch threads |",
-        "|---|---:|---:|---:|---:|",
+        "*held*: the same step on a batch already in the workers (`hold`, untimed): verl dispatches a",
+        "row index, the workers compute on their held chunk and return the same result. *moving the batch",
+        "in* = per step - held: the driver's pickling and put, the workers' unpickling.",
+        "",
+        "| mode | per step | x numpy mode | held | moving the batch in | x numpy mode's | "
+        "workers' compute (median) | workers' torch threads |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for mode in MODES:
         lines.append(
-            f"| {mode} | {harness.pair(timings[mode])} | {harness.ratio(timings[mode], base, 2)} | "
+            f"| {mode} | {harness.pair(timings[mode, False])} | {harness.ratio(timings[mode, False], base, 2)} | "
+            f"{harness.pair(timings[mode, True])} | {moved[mode]:.3f} | {moved[mode] / moved['verl_numpy']:.2f} | "
             f"{statistics.median(seen[mode]['compute_s']):.3f} | {sorted(seen[mode]['threads'])} |"
         )
     lines += [
