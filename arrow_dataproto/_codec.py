@@ -30,19 +30,16 @@ from tensordict import TensorDict, is_non_tensor, is_tensor_collection
 from . import _foreign, _jagged, _limits, _objects, _portable, _restore
 from ._format import (
     COMPRESSIONS,
-    FORMAT,
-    FORMAT_NAME,
     KIND,
     META_INFO,
     META_INFO_ENCODING,
-    VERSION,
     Node,
     TensorSpec,
     check_field_names,
     check_schema,
     is_foreign,
+    schema_metadata,
     text_metadata,
-    version_text,
 )
 from ._tensors import decode_tensor, encode_tensor
 from ._validate import validate_arrow
@@ -114,14 +111,10 @@ def to_arrow(data: Any, *, portable: bool = False) -> pa.RecordBatch:
     """
     batch, non_tensor, meta_info = parts_of(data)
     columns: list[tuple[str, Any]] = []
-    metadata = {FORMAT: FORMAT_NAME, VERSION: version_text()}
-    if batch is None:
-        metadata.update(Node.empty_metadata())
-    else:
-        if batch.batch_dims < 1:
-            raise EncodeError("the TensorDict needs at least one batch dimension (rows)")
-        metadata.update(_flatten(batch, "", "", columns).metadata())
-    metadata.update(_objects.encode_meta_info(meta_info))
+    if batch is not None and batch.batch_dims < 1:
+        raise EncodeError("the TensorDict needs at least one batch dimension (rows)")
+    tree = None if batch is None else _flatten(batch, "", "", columns)
+    metadata = schema_metadata(tree, _objects.encode_meta_info(meta_info))
 
     fields, arrays = [], []
     structures: dict[int, tuple[torch.Tensor, str]] = {}  # id(offsets) -> (offsets, first column)

@@ -75,8 +75,8 @@ from ._format import (
     Node,
     TensorSpec,
     check_schema,
+    schema_metadata,
     text_metadata,
-    version_text,
 )
 from ._objects import Object, decode_column, decode_meta_info, encode_column, encode_meta_info
 from ._portable import time_unit, widening_table
@@ -534,12 +534,11 @@ def from_pandas(df: pd.DataFrame, *, device: str | torch.device | None = None) -
                 raise _fail(name, "clashes with a nested TensorDict of the same name")
         tree = Node("", tree.batch_size, tree.device, tree.entries + tuple(added))
     order = [] if tree is None else tree.leaf_names()
-    metadata = {FORMAT: FORMAT_NAME, VERSION: version_text()}
-    metadata.update(Node.empty_metadata() if tree is None else tree.metadata())
     try:
-        metadata.update(encode_meta_info(meta_info))
+        meta_info_metadata = encode_meta_info(meta_info)
     except EncodeError as e:
         raise EncodeError(f"DataFrame.attrs[{META_INFO!r}]: {e}") from None
+    metadata = schema_metadata(tree, meta_info_metadata)
     columns = [(n, *tensors[n]) for n in order] + [(n, *arrays[n]) for n in arrays]
     fields = [pa.field(n, a.type, metadata=m) for n, a, m in columns]
     record_batch = record_batch_of([a for _, a, _ in columns], pa.schema(fields, metadata=metadata), rows)
