@@ -153,11 +153,15 @@ def check_schema(schema: pa.Schema) -> dict[str, str]:
             f"which reads {FORMAT_VERSION[0]}.x"
         )
     check_field_names(schema)
-    names = schema.names
-    if len(set(names)) != len(names):  # each column a tree leaf or a non_tensor_batch key: unique
-        twice = sorted(n for n, count in Counter(names).items() if count > 1)
+    twice = repeated(schema.names)
+    if twice:  # each column a tree leaf or a non_tensor_batch key: unique
         raise DecodeError(f"column name(s) {twice[:5]} appear more than once: a damaged schema")
     return metadata
+
+
+def repeated(names: Iterable[str]) -> list[str]:
+    """The names that stand more than once in ``names``, sorted (``[]`` when all are unique)."""
+    return sorted(name for name, count in Counter(names).items() if count > 1)
 
 
 MAX_NESTING = 64

@@ -75,6 +75,7 @@ from ._format import (
     Node,
     TensorSpec,
     check_schema,
+    repeated,
     schema_metadata,
     text_metadata,
 )
@@ -508,8 +509,9 @@ def from_pandas(df: pd.DataFrame, *, device: str | torch.device | None = None) -
     if not isinstance(meta_info, dict):
         raise EncodeError(f"DataFrame.attrs[{META_INFO!r}] must be a dict, got {type(meta_info).__name__}")
     names = [str(c) for c in df.columns]
-    if len(set(names)) != len(names):
-        raise EncodeError(f"duplicate column names {sorted({n for n in names if names.count(n) > 1})}")
+    duplicates = repeated(names)
+    if duplicates:
+        raise EncodeError(f"duplicate column names {duplicates}")
 
     rows = len(df)
     tensors: dict[str, tuple[pa.Array, dict[str, str]]] = {}
