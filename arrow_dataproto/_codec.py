@@ -30,19 +30,17 @@ from tensordict import TensorDict, is_non_tensor, is_tensor_collection
 from . import _foreign, _jagged, _limits, _objects, _portable, _restore
 from ._format import (
     COMPRESSIONS,
-    FORMAT,
-    FORMAT_NAME,
     KIND,
     META_INFO,
     META_INFO_ENCODING,
-    VERSION,
     Node,
     TensorSpec,
     check_field_names,
     check_schema,
     is_foreign,
+    repeated,
+    schema_metadata,
     text_metadata,
-    version_text,
 )
 from ._tensors import decode_tensor, encode_tensor
 from ._validate import validate_arrow
@@ -114,14 +112,10 @@ def to_arrow(data: Any, *, portable: bool = False) -> pa.RecordBatch:
     """
     batch, non_tensor, meta_info = parts_of(data)
     columns: list[tuple[str, Any]] = []
-    metadata = {FORMAT: FORMAT_NAME, VERSION: version_text()}
-    if batch is None:
-        metadata.update(Node.empty_metadata())
-    else:
-        if batch.batch_dims < 1:
-            raise EncodeError("the TensorDict needs at least one batch dimension (rows)")
-        metadata.update(_flatten(batch, "", "", columns).metadata())
-    metadata.update(_objects.encode_meta_info(meta_info))
+    if batch is not None and batch.batch_dims < 1:
+        raise EncodeError("the TensorDict needs at least one batch dimension (rows)")
+    tree = None if batch is None else _flatten(batch, "", "", columns)
+    metadata = schema_metadata(tree, _objects.encode_meta_info(meta_info))
 
     fields, arrays = [], []
     structures: dict[int, tuple[torch.Tensor, str]] = {}  # id(offsets) -> (offsets, first column)
@@ -141,9 +135,8 @@ def to_arrow(data: Any, *, portable: bool = False) -> pa.RecordBatch:
             fields.append(pa.field(str(name), array.type, metadata=field_meta))
         arrays.append(array)
 
-    names = [f.name for f in fields]
-    if len(set(names)) != len(names):
-        duplicates = sorted({n for n in names if names.count(n) > 1})
+    duplicates = repeated(f.name for f in fields)
+    if duplicates:
         raise EncodeError(f"columns {duplicates}: duplicate column names (a key both in batch and non_tensor_batch?)")
     rows = {len(a) for a in arrays}
     if len(rows) > 1:
@@ -360,15 +353,13 @@ def decode(
 
     leaf_names = [] if tree is None else tree.leaf_names()
     names = record_batch.schema.names
-    if tree is not None and columns is None and len(set(names)) == len(names):
+    if tree is not None and columns is None:
         record_batch, tree = _present(record_batch, tree)
         leaf_names, names = tree.leaf_names(), record_batch.schema.names
     if len(leaf_names) > record_batch.num_columns:
         raise DecodeError(f"the tree names {len(leaf_names)} tensor columns, the batch has {record_batch.num_columns}")
     if names[: len(leaf_names)] != leaf_names:
         raise DecodeError(f"the tensor columns {names[:len(leaf_names)]} are not the tree's leaves {leaf_names}")
-    if len(set(names)) != len(names):
-        raise DecodeError(f"duplicate column names {sorted({n for n in names if names.count(n) > 1})[:20]}")
     validate_arrow(record_batch)
     record_batch = _portable.from_portable(record_batch)  # a portable batch: back to the stored types
     placement = Placement(device)

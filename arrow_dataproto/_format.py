@@ -153,11 +153,15 @@ def check_schema(schema: pa.Schema) -> dict[str, str]:
             f"which reads {FORMAT_VERSION[0]}.x"
         )
     check_field_names(schema)
-    names = schema.names
-    if len(set(names)) != len(names):  # each column a tree leaf or a non_tensor_batch key: unique
-        twice = sorted(n for n, count in Counter(names).items() if count > 1)
+    twice = repeated(schema.names)
+    if twice:  # each column a tree leaf or a non_tensor_batch key: unique
         raise DecodeError(f"column name(s) {twice[:5]} appear more than once: a damaged schema")
     return metadata
+
+
+def repeated(names: Iterable[str]) -> list[str]:
+    """The names that stand more than once in ``names``, sorted (``[]`` when all are unique)."""
+    return sorted(name for name, count in Counter(names).items() if count > 1)
 
 
 MAX_NESTING = 64
@@ -260,11 +264,6 @@ class Node:
             TREE: json.dumps(self._entries_json()),
         }
 
-    @staticmethod
-    def empty_metadata() -> dict[str, str]:
-        """The schema metadata entries of a DataProto without a batch."""
-        return {BATCH_SIZE: "null", TD_DEVICE: "null", TREE: "[]"}
-
     def _entries_json(self) -> list:
         return [e if isinstance(e, str) else [e.key, list(e.batch_size), e.device, e._entries_json()] for e in self.entries]
 
@@ -303,6 +302,14 @@ class Node:
         """This tree with ``rows`` as the first batch dimension of every TensorDict in it."""
         entries = tuple(e if isinstance(e, str) else e.with_rows(rows) for e in self.entries)
         return Node(self.key, (rows, *self.batch_size[1:]), self.device, entries)
+
+
+def schema_metadata(tree: Node | None, meta_info: Mapping[str, str]) -> dict[str, str]:
+    """The schema metadata of a RecordBatch of ours: the format name and version, the entries
+    of ``tree`` (those of a DataProto without a batch when None), then ``meta_info``, the
+    ``adp.meta_info*`` entries :func:`arrow_dataproto._objects.encode_meta_info` makes."""
+    tree_metadata = {BATCH_SIZE: "null", TD_DEVICE: "null", TREE: "[]"} if tree is None else tree.metadata()
+    return {FORMAT: FORMAT_NAME, VERSION: version_text(), **tree_metadata, **meta_info}
 
 
 def _parse_entries(tree: Any) -> tuple[Entry, ...]:

@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from ._dtypes import STORAGE
+from ._dtypes import STORAGE, dtype_name
 from ._format import FORMAT, KIND, PORTABLE, TENSOR_KINDS, ArraySpec, TensorSpec, text_metadata
 from .errors import DecodeError, EncodeError, column_error
 
@@ -52,10 +52,10 @@ _PORTABLE_KEY = PORTABLE.encode()
 _FORMAT_KEY = FORMAT.encode()
 _INT32_MAX = 2**31 - 1
 _NAT = np.iinfo(np.int64).min
-_TIME_UNITS = ("s", "ms", "us", "ns")
+_TIME_UNITS = ("s", "ms", "us", "ns")  # those of Arrow's timestamp and duration types
 
 
-# ---------------------------------------------------------------- widening tables
+# ---------------------------------------------------------------- tables: float widening, time units
 
 
 @dataclass(frozen=True)
@@ -79,26 +79,50 @@ _FLOATS = {
 
 
 @dataclass(frozen=True)
-class _Table:
-    """Widening of every bit pattern of one dtype, and its inverse."""
+class _WideningTable:
+    """The float32 bits of every bit pattern of one dtype, and the way back."""
 
     dtype: torch.dtype
     bits: torch.dtype  # the unsigned torch dtype of the same width
     widened: np.ndarray  # uint32[2**bits]: the float32 bits of each pattern
-    keys: np.ndarray  # widened, sorted
+    keys: np.ndarray  # sorted: the widened bits that only one pattern has
     patterns: np.ndarray  # uint8/uint16: the pattern of each key
+
+    def narrow(self, bits: np.ndarray, rounded: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The pattern of each of the float32 ``bits`` (uint32), and the indices of the bits
+        that are no single pattern's widening.
+
+        ``rounded`` (torch's rounding of the values to the dtype) already holds the pattern of
+        every number; where its widening is not ``bits`` (a NaN payload; a value the dtype
+        lacks), the pattern that alone widens to ``bits`` replaces it in a copy, and
+        where there is none ``rounded`` is kept and the index returned.
+        """
+        missed = np.flatnonzero(self.widened[rounded] != bits)
+        if len(missed):
+            at = np.minimum(np.searchsorted(self.keys, bits[missed]), len(self.keys) - 1)
+            found = self.keys[at] == bits[missed]
+            rounded = rounded.copy()
+            rounded[missed[found]] = self.patterns[at[found]]
+            missed = missed[~found]
+        return rounded, missed
 
 
 @lru_cache(maxsize=None)
-def widening_table(name: str) -> _Table:
-    """The float32 bits of every bit pattern of the torch dtype ``name`` (one of ``_FLOATS``).
+def widening_table(name: str, *, nan_payloads: bool = True) -> _WideningTable:
+    """The float32 bits of every bit pattern of the torch dtype ``name`` (one of ``_FLOATS``),
+    and the way back (:meth:`~_WideningTable.narrow`).
 
     A number widens to the float32 of the same value (torch's conversion, exact for these
-    dtypes); a NaN to the float32 NaN of the same sign whose mantissa starts with the
-    pattern's mantissa bits (the quiet NaN when those are all zero, as in the single NaN of
-    the ``fnuz`` and ``e8m0`` formats). No two patterns widen to the same bits. (torch's own
-    conversion quiets NaNs, which merges float16's 2,046 NaN patterns into 1,024 and
-    float8_e5m2's 6 into 4, so it is not used for them.)
+    dtypes). A NaN widens one of two ways:
+
+    - ``nan_payloads=True`` (the portable view): to the float32 NaN of the same sign whose
+      mantissa starts with the pattern's mantissa bits (the quiet NaN when those are all
+      zero, as in the single NaN of the ``fnuz`` and ``e8m0`` formats). No two patterns
+      widen to the same bits: the portable view is a stored form, every pattern comes back.
+    - ``nan_payloads=False`` (pandas): as torch's own conversion (``t.float()``), which quiets
+      NaNs: float16's 2,046 NaN patterns meet in 1,024 float32 NaNs, float8_e5m2's 6 in 4.
+      A frame shows the values ``t.float()`` holds, the ones a user computes with; a float32
+      NaN that several patterns share leads back to none of them (it narrows to torch's NaN).
     """
     fmt, dtype = _FLOATS[name], getattr(torch, name)
     bits = dtype.itemsize * 8
@@ -106,13 +130,25 @@ def widening_table(name: str) -> _Table:
     patterns = np.arange(2**bits, dtype=np.uint32)
     values = torch.from_numpy(patterns.astype(unsigned)).view(dtype).float()
     widened = values.view(torch.int32).numpy().view(np.uint32).copy()
-    nan = values.isnan().numpy()
-    sign = ((patterns >> (bits - 1)) & 1) << 31 if fmt.signed else np.zeros_like(patterns)
-    mantissa = patterns & ((1 << fmt.mantissa) - 1)
-    payload = np.where(mantissa != 0, mantissa << (23 - fmt.mantissa), 1 << 22).astype(np.uint32)
-    widened[nan] = (sign | 0x7F800000 | payload)[nan]
-    order = np.argsort(widened, kind="stable")
-    return _Table(dtype, torch.uint8 if bits == 8 else torch.uint16, widened, widened[order], order.astype(unsigned))
+    if nan_payloads:
+        nan = values.isnan().numpy()
+        sign = ((patterns >> (bits - 1)) & 1) << 31 if fmt.signed else np.zeros_like(patterns)
+        mantissa = patterns & ((1 << fmt.mantissa) - 1)
+        payload = np.where(mantissa != 0, mantissa << (23 - fmt.mantissa), 1 << 22).astype(np.uint32)
+        widened[nan] = (sign | 0x7F800000 | payload)[nan]
+    keys, first, count = np.unique(widened, return_index=True, return_counts=True)
+    once = count == 1
+    return _WideningTable(dtype, torch.uint8 if bits == 8 else torch.uint16, widened, keys[once], first[once].astype(unsigned))
+
+
+def time_unit(dtype: np.dtype) -> str | None:
+    """The unit of a datetime64/timedelta64 dtype when Arrow's ``timestamp``/``duration``
+    types have it, and so pandas and polars (``s``, ``ms``, ``us``, ``ns``, a step of 1);
+    None for the other units (days, picoseconds..., ``m8[10ms]``) and other dtypes."""
+    if dtype.kind not in "Mm":
+        return None
+    unit, step = np.datetime_data(dtype)
+    return unit if unit in _TIME_UNITS and step == 1 else None
 
 
 def _numpy(values: pa.Array) -> np.ndarray:
@@ -124,25 +160,6 @@ def _numpy(values: pa.Array) -> np.ndarray:
 
 def _primitive(arrow_type: pa.DataType, values: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(arrow_type, len(values), [None, pa.py_buffer(values)])
-
-
-def _narrow_bits(table: _Table, values: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The float32 bits of ``values``, the pattern whose widening is each of them, and the
-    indices of the values that have none."""
-    bits = _numpy(values).view(np.uint32)
-    unsigned = table.patterns.dtype
-    try:  # torch's rounding finds the pattern of every number; the table check makes it exact
-        patterns = torch.from_dlpack(values).to(table.dtype).view(table.bits).numpy()
-    except (RuntimeError, TypeError):  # a conversion this torch lacks
-        patterns = np.zeros(len(bits), dtype=unsigned)
-    missed = np.flatnonzero(table.widened[patterns] != bits)
-    if len(missed):  # NaN payloads, or values that are not of this dtype
-        at = np.minimum(np.searchsorted(table.keys, bits[missed]), len(table.keys) - 1)
-        found = table.keys[at] == bits[missed]
-        patterns = patterns.copy()
-        patterns[missed[found]] = table.patterns[at[found]]
-        missed = missed[~found]
-    return bits, patterns, missed
 
 
 # ---------------------------------------------------------------- leaf values
@@ -176,7 +193,12 @@ def _float_leaf(name: str, stored: pa.DataType) -> _Leaf:
         return _primitive(pa.float32(), table.widened[raw.view(table.patterns.dtype)])
 
     def narrow(values: pa.Array, column: str) -> pa.Array:
-        bits, patterns, missed = _narrow_bits(table, values)
+        bits = _numpy(values).view(np.uint32)
+        try:  # torch's rounding finds the pattern of every number; the table makes it exact
+            rounded = torch.from_dlpack(values).to(table.dtype).view(table.bits).numpy()
+        except (RuntimeError, TypeError):  # a conversion this torch lacks
+            rounded = np.zeros(len(bits), dtype=table.patterns.dtype)
+        patterns, missed = table.narrow(bits, rounded)
         if len(missed):
             first = bits[missed[:1]]
             raise column_error(
@@ -290,7 +312,7 @@ def _nested_type(value_type: pa.DataType, dims: tuple[int, ...]) -> pa.DataType:
 def _tensor_layout(name: str, metadata: dict[str, str]) -> _Layout:
     spec = TensorSpec.parse(name, metadata)
     storage = STORAGE[spec.dtype]
-    dtype = str(spec.dtype).removeprefix("torch.")
+    dtype = dtype_name(spec.dtype)
     pair = (2,) if storage.pair == 2 else ()
     if spec.dtype == torch.bool:
         leaf = _bool_leaf(storage.arrow_type)
@@ -311,10 +333,10 @@ def _numeric_leaf(dtype: np.dtype, row_shape: tuple[int, ...]) -> _Leaf:
     if dtype.kind == "f" and dtype.itemsize == 2:
         return _float_leaf("float16", pa.float16())
     if dtype.kind in "Mm":
-        unit, count = np.datetime_data(dtype)
-        if unit in _TIME_UNITS and count == 1:
-            return _time_leaf(pa.timestamp(unit) if dtype.kind == "M" else pa.duration(unit))
-        return _same(pa.int64())
+        unit = time_unit(dtype)
+        if unit is None:
+            return _same(pa.int64())
+        return _time_leaf(pa.timestamp(unit) if dtype.kind == "M" else pa.duration(unit))
     if dtype.kind == "c":
         return _same(pa.from_numpy_dtype(np.dtype(f"f{dtype.itemsize // 2}")))
     return _same(pa.from_numpy_dtype(dtype.newbyteorder("=")))

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from functools import lru_cache
 from typing import Any, Callable
 
 import numpy as np
@@ -55,7 +54,7 @@ from . import _jagged
 from ._limits import check_allocation
 from ._codec import decode, record_batch_of, to_arrow
 from ._container import DataProto
-from ._dtypes import NUMPY_NATIVE, STORAGE, shown_dtype
+from ._dtypes import NUMPY_NATIVE, STORAGE, dtype_name, shown_dtype
 from ._format import (
     ARRAY_KINDS,
     BATCH_SIZE,
@@ -76,10 +75,12 @@ from ._format import (
     Node,
     TensorSpec,
     check_schema,
+    repeated,
+    schema_metadata,
     text_metadata,
-    version_text,
 )
 from ._objects import Object, decode_column, decode_meta_info, encode_column, encode_meta_info
+from ._portable import time_unit, widening_table
 from ._tensors import decode_tensor, encode_tensor
 from .errors import DecodeError, EncodeError, column_error
 
@@ -174,34 +175,18 @@ def _to_numpy(t: torch.Tensor, copy: bool) -> np.ndarray:
     return array
 
 
-@lru_cache(maxsize=None)
-def _codes(dtype: torch.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """The float32 bit patterns of ``dtype``'s codes that no other code shares (sorted), and those codes."""
-    storage = torch.uint8 if dtype.itemsize == 1 else torch.uint16
-    codes = torch.arange(2 ** (8 * dtype.itemsize), dtype=torch.int32).to(storage)
-    images = codes.view(dtype).float().numpy().view(np.uint32)
-    unique, first, counts = np.unique(images, return_index=True, return_counts=True)
-    return unique[counts == 1], codes.numpy()[first[counts == 1]]
-
-
 def _narrow(floats: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     """float32 values back to a dtype shown as float32, bit-exact for every value it holds.
 
-    A float32 that is the image of exactly one code becomes that code (NaN
-    payloads and signed zeros included); any other value, such as one edited in
-    pandas, is rounded by torch. Only float8_e5m2 has codes sharing an image
-    (NaN payloads): they come back as torch's NaN.
+    A float32 that is the image of exactly one code under torch's conversion (the values
+    :func:`to_pandas` shows) becomes that code (NaN payloads and signed zeros included);
+    any other value, such as one edited in pandas, is rounded by torch. Only float8_e5m2
+    has codes sharing an image (NaN payloads): they come back as torch's NaN.
     """
-    result = torch.from_numpy(floats).to(dtype)
-    bits = floats.reshape(-1).view(np.uint32)
-    differ = np.flatnonzero(result.float().numpy().reshape(-1).view(np.uint32) != bits)
-    if differ.size:  # NaN payloads, edited values: look those up
-        images, codes = _codes(dtype)
-        where = np.searchsorted(images, bits[differ]).clip(max=len(images) - 1)
-        exact = images[where] == bits[differ]
-        raw = result.view(torch.uint8 if dtype.itemsize == 1 else torch.uint16).numpy().reshape(-1)
-        raw[differ[exact]] = codes[where[exact]]
-    return result
+    table = widening_table(dtype_name(dtype), nan_payloads=False)
+    rounded = torch.from_numpy(floats).to(dtype).view(table.bits).numpy().reshape(-1)
+    patterns, _ = table.narrow(floats.reshape(-1).view(np.uint32), rounded)
+    return torch.from_numpy(patterns.reshape(floats.shape)).view(dtype)
 
 
 def _cast(name: str, values: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -271,21 +256,13 @@ def _array_cells(name: str, column: pa.Array, metadata: dict[str, str], copy: bo
     values = decode_column(name, column, metadata, allow_pickle=True)  # pickles this call made
     if values.dtype == object and values.ndim == 1:
         return pd.Series(values, dtype=object)
-    if values.ndim == 1 and (values.dtype.kind in "biufcUS" or _pandas_time(values.dtype)):
+    if values.ndim == 1 and (values.dtype.kind in "biufcUS" or time_unit(values.dtype) is not None):
         return values.astype(values.dtype.newbyteorder("="), copy=False)
     if values.ndim == 1 and values.dtype.kind in "mM":  # ps/fs/as or unit-less: pandas would cut or refuse
         return pd.Series(list(values), dtype=object)
     view = values.copy() if copy else values.view()
     view.flags.writeable = copy
     return _object_column(view, len(view))
-
-
-_PANDAS_TIME_UNITS = ("s", "ms", "us", "ns")
-
-
-def _pandas_time(dtype: np.dtype) -> bool:
-    """A datetime64/timedelta64 dtype pandas holds exactly (one of its four units, step 1)."""
-    return dtype.kind in "mM" and np.datetime_data(dtype) in [(u, 1) for u in _PANDAS_TIME_UNITS]
 
 
 def to_pandas(data: Any, *, copy: bool = False) -> pd.DataFrame:
@@ -532,8 +509,9 @@ def from_pandas(df: pd.DataFrame, *, device: str | torch.device | None = None) -
     if not isinstance(meta_info, dict):
         raise EncodeError(f"DataFrame.attrs[{META_INFO!r}] must be a dict, got {type(meta_info).__name__}")
     names = [str(c) for c in df.columns]
-    if len(set(names)) != len(names):
-        raise EncodeError(f"duplicate column names {sorted({n for n in names if names.count(n) > 1})}")
+    duplicates = repeated(names)
+    if duplicates:
+        raise EncodeError(f"duplicate column names {duplicates}")
 
     rows = len(df)
     tensors: dict[str, tuple[pa.Array, dict[str, str]]] = {}
@@ -558,12 +536,11 @@ def from_pandas(df: pd.DataFrame, *, device: str | torch.device | None = None) -
                 raise _fail(name, "clashes with a nested TensorDict of the same name")
         tree = Node("", tree.batch_size, tree.device, tree.entries + tuple(added))
     order = [] if tree is None else tree.leaf_names()
-    metadata = {FORMAT: FORMAT_NAME, VERSION: version_text()}
-    metadata.update(Node.empty_metadata() if tree is None else tree.metadata())
     try:
-        metadata.update(encode_meta_info(meta_info))
+        meta_info_metadata = encode_meta_info(meta_info)
     except EncodeError as e:
         raise EncodeError(f"DataFrame.attrs[{META_INFO!r}]: {e}") from None
+    metadata = schema_metadata(tree, meta_info_metadata)
     columns = [(n, *tensors[n]) for n in order] + [(n, *arrays[n]) for n in arrays]
     fields = [pa.field(n, a.type, metadata=m) for n, a, m in columns]
     record_batch = record_batch_of([a for _, a, _ in columns], pa.schema(fields, metadata=metadata), rows)

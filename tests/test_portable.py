@@ -16,7 +16,7 @@ from tensordict import TensorDict
 
 from arrow_dataproto import DataProto, from_arrow, from_ipc, to_arrow
 from arrow_dataproto._dtypes import STORAGE
-from arrow_dataproto._portable import widening_table
+from arrow_dataproto._portable import time_unit, widening_table
 from arrow_dataproto.errors import DecodeError, EncodeError
 from arrow_dataproto.files import FileWriter, copy_file, open_file, read_file, write_file
 from arrow_dataproto.testing import assert_dataproto_equal, sample_dataproto
@@ -88,6 +88,28 @@ def test_every_bit_pattern_comes_back(name):
     rb = to_arrow(dp, portable=True)
     assert rb.schema.field("x").type == pa.float32()
     roundtrips(dp)
+
+
+@pytest.mark.parametrize("name", WIDENED)
+def test_the_table_without_nan_payloads_is_torchs_conversion(name):
+    dtype = getattr(torch, name)
+    patterns = all_patterns(dtype)
+    table = widening_table(name, nan_payloads=False)  # what pandas shows
+    assert np.array_equal(table.widened, patterns.float().numpy().view(np.uint32))
+    rounded = torch.from_numpy(table.widened.view(np.float32)).to(dtype).view(table.bits).numpy()
+    back, _ = table.narrow(table.widened, rounded)
+    images, counts = np.unique(table.widened, return_counts=True)
+    alone = np.isin(table.widened, images[counts == 1])
+    assert np.array_equal(back[alone], np.flatnonzero(alone))  # each pattern with an image of its own comes back
+    assert np.isnan(table.widened[back[~alone]].view(np.float32)).all()  # the others share a NaN: a NaN
+
+
+def test_time_units_are_those_of_arrow():
+    units = ["s", "ms", "us", "ns", "D", "m", "ps", "as"]
+    assert [time_unit(np.dtype(f"M8[{u}]")) for u in units] == ["s", "ms", "us", "ns", None, None, None, None]
+    assert time_unit(np.dtype("m8[us]")) == "us"
+    assert time_unit(np.dtype("m8[10ms]")) is None and time_unit(np.dtype("M8")) is None
+    assert time_unit(np.dtype("int64")) is None
 
 
 # ---------------------------------------------------------------- every dtype, every kind
