@@ -25,6 +25,17 @@ def views_its_buffers(obj) -> bool:
     return all(points_into(p, address_ranges(buffers)) for p in pointers.values())
 
 
+def read_environment(monkeypatch, **variables: str | None) -> ReceiveOptions:
+    """What the environment variables ``ARROW_DATAPROTO_<NAME>`` give, each set to its value (``None``: unset)."""
+    for name, value in variables.items():
+        variable = f"ARROW_DATAPROTO_{name.upper()}"
+        if value is not None:
+            monkeypatch.setenv(variable, value)
+        else:
+            monkeypatch.delenv(variable, raising=False)
+    return pickling._from_environment()
+
+
 # ---------------------------------------------------------------- rows, pair by pair
 
 
@@ -90,12 +101,7 @@ def test_set_receive_options_wins_over_the_environment_option_by_option():
     ],
 )
 def test_the_environment_wins_over_the_built_in_default_option_by_option(monkeypatch, copy, device, expected):
-    for name, value in (("ARROW_DATAPROTO_COPY", copy), ("ARROW_DATAPROTO_DEVICE", device)):
-        if value is None:
-            monkeypatch.delenv(name, raising=False)
-        else:
-            monkeypatch.setenv(name, value)
-    assert pickling._from_environment() == expected
+    assert read_environment(monkeypatch, copy=copy, device=device) == expected
 
 
 def test_over_replaces_rows_2_to_5():
@@ -153,9 +159,7 @@ def test_a_refused_option_changes_nothing(restore_receive_options):
     [("on_write", "on_write"), ("On-Write", "on_write"), ("1", True), ("yes", True), ("0", False), ("off", False)],
 )
 def test_environment_words_are_the_copy_values(monkeypatch, word, copy):
-    monkeypatch.setenv("ARROW_DATAPROTO_COPY", word)
-    monkeypatch.delenv("ARROW_DATAPROTO_DEVICE", raising=False)
-    assert pickling._from_environment() == ReceiveOptions(copy=copy)
+    assert read_environment(monkeypatch, copy=word, device=None) == ReceiveOptions(copy=copy)
 
 
 def test_receive_mode_names_each_copy_value():
