@@ -106,8 +106,9 @@ class ReceiveOptions:
         ====  ==============================================  =============================================
 
         ``over``: the options that the arguments override, in place of rows 2-5
-        (:func:`set_receive_options` passes rows 3-5 alone). Raises :class:`~arrow_dataproto.OptionError` for a ``copy``
-        other than ``True``/``False``/``"on_write"`` or a device this process lacks.
+        (:func:`set_receive_options` passes rows 3-5 alone). Raises
+        :class:`~arrow_dataproto.OptionError` for a ``copy`` other than
+        ``True``/``False``/``"on_write"`` or a device this process lacks.
         """
         if over is None:
             over = _block.get() or _process_default  # row 2, else the process default: 3 over 4 over 5

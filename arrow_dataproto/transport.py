@@ -10,7 +10,8 @@ What a receiver gets -- copy-on-write views of the store by default,
 ``copy=True`` its own copy, ``copy=False`` shared views under a read-only
 contract, ``device=`` straight onto a device -- is set by the
 :class:`~arrow_dataproto.ReceiveOptions` in force where the DataProto is
-unpickled. This module adds the narrow scopes: :func:`get` (one ``ray.get``),
+unpickled (:func:`~arrow_dataproto.receive_mode` says which mode, and why,
+e.g. why copy-on-write fell back to copying). This module adds the narrow scopes: :func:`get` (one ``ray.get``),
 :func:`receive_as` (one object, chosen by its sender) and :func:`receiving` (a
 function or actor method); which choice wins over which is the table of
 :meth:`~arrow_dataproto.ReceiveOptions.resolve`.
