@@ -5,20 +5,14 @@ each Arrow buffer -- each tensor's bytes -- to the callback as a
 ``PickleBuffer``; the in-band part is the schema and a few integers per column,
 a few KiB whatever the batch size. Protocols below 5 carry the bytes in band.
 
-What the receiver gets is set by :class:`ReceiveOptions`. By default
-(``copy="on_write"``) tensors are copy-on-write views: buffers that lie in
-shared memory (Ray's object store) are mapped a second time, privately, so that
-reading costs no copy and a write copies only the pages it touches, in the
-writing process alone; every other buffer (ordinary memory, other shared
-memory) is copied. Nothing a
-receiver does to its tensors can change what another reader of the same bytes
-(another Ray worker reading the same object) sees, and nothing another reader
-does can change them. ``copy=True`` copies every tensor; ``copy=False`` views the
-buffers as they are (shared: read-only contract); ``device=`` decodes straight
-onto a device. Choose per call with :func:`receive_options` or process-wide
-with :func:`set_receive_options` or the environment variables
-``ARROW_DATAPROTO_COPY`` (``on_write``/``1``/``0``) and ``ARROW_DATAPROTO_DEVICE``.
-:func:`receive_mode` tells what is in force, and why.
+What the receiver gets is set by :class:`ReceiveOptions`: by default
+(``copy="on_write"``) tensors are copy-on-write views of Ray's shared memory,
+private to the receiving process; ``copy=True`` copies every tensor;
+``copy=False`` views the buffers as they are (shared: read-only contract);
+``device=`` decodes straight onto a device. They are chosen per call, per
+block, per process or by environment variable; :meth:`ReceiveOptions.resolve`
+holds the one table of which choice wins. :func:`receive_mode` tells what is in
+force, and why.
 """
 
 from __future__ import annotations
@@ -37,7 +31,8 @@ import pyarrow as pa
 import torch
 
 from . import _shm
-from ._codec import record_batch_of
+from ._codec import record_batch_of, to_arrow
+from ._decoding import from_arrow
 from .errors import DecodeError, OptionError, column_error
 
 ON_WRITE: Final = "on_write"
@@ -69,6 +64,8 @@ class ReceiveOptions:
 
     Numeric numpy columns of ``non_tensor_batch`` are copies in both copying
     modes, and read-only views with ``copy=False``.
+
+    Which options apply where: :meth:`resolve`.
     """
 
     copy: Copy = ON_WRITE
@@ -79,6 +76,46 @@ class ReceiveOptions:
             raise OptionError(f"copy must be True, False or {ON_WRITE!r}, got {self.copy!r}")
         if self.device is not None:
             _check_device(self.device)
+
+    @classmethod
+    def resolve(
+        cls, copy: Copy | None = None, device: str | None = None, *, over: ReceiveOptions | None = None
+    ) -> ReceiveOptions:
+        """The receive options that apply here: ``copy`` and ``device`` each come
+        from the first source of this table that sets it. Every way of choosing
+        them goes through this method.
+
+        ====  ==============================================  =============================================
+        row   source                                          scope
+        ====  ==============================================  =============================================
+        1     the arguments given here: those of              one object or one scope; the sender's
+              ``transport.receive_as(dp, copy=, device=)``,   ``receive_as`` is applied where the object is
+              ``transport.get``, ``@transport.receiving``,    unpickled, inside the receiver's scopes, so
+              ``with receive_options``                        it wins over them
+        2     the innermost ``receive_options`` block         this thread or task; a block holds all that
+              (``get`` and ``receiving`` open one)            was in force when it was entered: a
+                                                              ``set_receive_options`` inside blocks
+                                                              applies once the outermost has ended
+        3     ``set_receive_options(copy=, device=)``         the process, each option as last set
+        4     ``ARROW_DATAPROTO_COPY=on_write|1|0``,          the process, read at import (an unusable
+              ``ARROW_DATAPROTO_DEVICE=cuda``                 value is logged and skipped); an actor's:
+                                                              ``.options(runtime_env={"env_vars": ...})``
+        5     built in                                        ``copy="on_write"``; ``device=None``: the
+                                                              sender's device, or the CPU if this process
+                                                              lacks it
+        ====  ==============================================  =============================================
+
+        ``over``: the options that the arguments override, in place of rows 2-5
+        (:func:`set_receive_options` passes rows 3-5 alone). Raises
+        :class:`~arrow_dataproto.OptionError` for a ``copy`` other than
+        ``True``/``False``/``"on_write"`` or a device this process lacks.
+        """
+        if over is None:
+            over = _block.get() or _process_default  # row 2, else the process default: 3 over 4 over 5
+        return cls(  # row 1 over the rest
+            copy=copy if copy is not None else over.copy,
+            device=device if device is not None else over.device,
+        )
 
 
 def _check_device(device: str) -> None:
@@ -99,12 +136,19 @@ def _check_device(device: str) -> None:
         raise OptionError(f"device {device!r}: this process has {count()} {parsed.type} device(s)")
 
 
-_COPY_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+_COPY_WORDS: Final[dict[str, Copy]] = {
+    ON_WRITE: ON_WRITE,
+    **dict.fromkeys(("1", "true", "yes", "on"), True),
+    **dict.fromkeys(("0", "false", "no", "off"), False),
+}
+"""``ARROW_DATAPROTO_COPY`` (lower case, ``-`` read as ``_``) -> the ``copy=`` value it stands for."""
 
 
 def _from_environment() -> ReceiveOptions:
+    """Rows 4 over 5 of :meth:`ReceiveOptions.resolve`: the environment variables,
+    each unset or unusable one (logged) replaced by the built-in default."""
     word = os.environ.get("ARROW_DATAPROTO_COPY", ON_WRITE).strip().lower().replace("-", "_")
-    copy: Copy | None = ON_WRITE if word == ON_WRITE else _COPY_WORDS.get(word)
+    copy = _COPY_WORDS.get(word)
     if copy is None:
         logging.getLogger("arrow_dataproto").warning(
             "ARROW_DATAPROTO_COPY=%r is not one of on_write, 1, 0: using on_write", word
@@ -118,42 +162,36 @@ def _from_environment() -> ReceiveOptions:
         return ReceiveOptions(copy=copy)
 
 
-_process_default = _from_environment()
-_current: contextvars.ContextVar[ReceiveOptions | None] = contextvars.ContextVar("arrow_dataproto_receive", default=None)
-
-
-def _changed(options: ReceiveOptions, copy: Copy | None, device: str | None) -> ReceiveOptions:
-    """``options`` with the arguments that are not ``None`` in place of its own (validated again)."""
-    return ReceiveOptions(
-        copy=options.copy if copy is None else copy,
-        device=options.device if device is None else device,
-    )
+_process_default = _from_environment()  # rows 3-5: set_receive_options overrides it
+_block: contextvars.ContextVar[ReceiveOptions | None] = contextvars.ContextVar("arrow_dataproto_receive", default=None)
 
 
 def get_receive_options() -> ReceiveOptions:
-    """The options in force here: the innermost :func:`receive_options`, else the process default."""
-    return _current.get() or _process_default
+    """The options in force here (:meth:`ReceiveOptions.resolve` without arguments)."""
+    return ReceiveOptions.resolve()
 
 
 def set_receive_options(*, copy: Copy | None = None, device: str | None = None) -> ReceiveOptions:
-    """Change the process-wide default (arguments left ``None`` keep their value); returns the new default."""
+    """Change the process-wide default, row 3 of :meth:`ReceiveOptions.resolve`
+    (arguments left ``None`` keep their value); returns the new default."""
     global _process_default
-    _process_default = _changed(_process_default, copy, device)
+    _process_default = ReceiveOptions.resolve(copy, device, over=_process_default)
     return _process_default
 
 
 @contextlib.contextmanager
 def receive_options(*, copy: Copy | None = None, device: str | None = None):
-    """Within the block, DataProtos unpickled in this thread/task use these options.
+    """Within the block, DataProtos unpickled in this thread/task use these options
+    (arguments left ``None``: those in force; precedence: :meth:`ReceiveOptions.resolve`).
 
     >>> with receive_options(copy=False):
     ...     batch = ray.get(ref)      # tensors view the object store: read-only contract
     """
-    token = _current.set(_changed(get_receive_options(), copy, device))
+    token = _block.set(ReceiveOptions.resolve(copy, device))
     try:
         yield
     finally:
-        _current.reset(token)
+        _block.reset(token)
 
 
 # ---------------------------------------------------------------- record batch <-> picklable state
@@ -321,8 +359,6 @@ def _received_tensors(columns: list) -> tuple[list, bool]:
 def reduce_dataproto(data) -> tuple:
     """``__reduce_ex__`` value for a DataProto: rebuilt by :func:`rebuild_dataproto`
     (under Ray Direct Transport its buffers are tensors: see :func:`transport_state`)."""
-    from ._codec import to_arrow
-
     return rebuild_dataproto, transport_state(to_arrow(data))
 
 
@@ -338,8 +374,6 @@ def rebuild_dataproto(schema_bytes: bytes, num_rows: int, columns: list[tuple]):
     own memory: tensors view them (``copy=True`` still copies; tensors that arrived on
     a device are first brought to the CPU, then placed as the options say).
     """
-    from ._decoding import from_arrow
-
     options = get_receive_options()
     columns, received = _received_tensors(columns)
     on_write = options.copy == ON_WRITE and not _off_cpu(options.device) and not received
@@ -355,12 +389,30 @@ def rebuild_dataproto(schema_bytes: bytes, num_rows: int, columns: list[tuple]):
 class ReceiveMode(NamedTuple):
     """What a DataProto received here (through Ray's shared memory) gets, and why.
 
-    ``mode``: ``"on_write"`` (private copy-on-write views), ``"copy"`` or ``"view"``
-    (shared, read-only contract); ``reason``: one sentence.
+    ``mode`` names what the receive does, in the words of the ``copy=`` value
+    that asks for it (``reason``: one sentence):
+
+    ==============  =====================================  ===========================================
+    ``mode``        when                                   the tensors
+    ==============  =====================================  ===========================================
+    ``"on_write"``  ``copy="on_write"``                    private copy-on-write views
+    ``"copy"``      ``copy=True``, an accelerator          own their memory
+                    ``device``, or copy-on-write
+                    unavailable here
+    ``"view"``      ``copy=False``                         view shared memory: read-only contract
+    ==============  =====================================  ===========================================
     """
 
     mode: str
     reason: str
+
+
+_MODE_ASKED: Final[dict[Copy, ReceiveMode]] = {
+    ON_WRITE: ReceiveMode("on_write", "shared-memory buffers are mapped privately; a write copies only the pages it touches"),
+    True: ReceiveMode("copy", "copy=True was asked for"),
+    False: ReceiveMode("view", "copy=False was asked for: tensors view shared memory, treat them as read-only"),
+}
+"""The receive mode of each ``copy=`` value, where nothing makes the receive copy instead."""
 
 
 def receive_mode() -> ReceiveMode:
@@ -377,11 +429,7 @@ def receive_mode() -> ReceiveMode:
     options = get_receive_options()
     if _off_cpu(options.device):
         return ReceiveMode("copy", f"tensors are decoded onto {options.device}: the transfer is the copy")
-    if options.copy is True:
-        return ReceiveMode("copy", "copy=True was asked for")
-    if options.copy is False:
-        return ReceiveMode("view", "copy=False was asked for: tensors view shared memory, treat them as read-only")
-    reason = _shm.unavailable_reason()
-    if reason is not None:
-        return ReceiveMode("copy", f"copy-on-write is unavailable here: {reason}")
-    return ReceiveMode("on_write", "shared-memory buffers are mapped privately; a write copies only the pages it touches")
+    unavailable = _shm.unavailable_reason() if options.copy == ON_WRITE else None
+    if unavailable is not None:
+        return ReceiveMode("copy", f"copy-on-write is unavailable here: {unavailable}")
+    return _MODE_ASKED[options.copy]

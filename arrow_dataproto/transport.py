@@ -6,46 +6,22 @@ every tensor buffer out of band (:mod:`arrow_dataproto.pickling`), so
 cost one copy of the tensor bytes into the object store, whoever started Ray.
 This module adds what a trainer dispatching batches to a group of workers uses.
 
-What a receiver gets is set by the :class:`~arrow_dataproto.ReceiveOptions` in
-force where the DataProto is unpickled:
-
-- ``copy="on_write"`` (default): CPU tensors are private copy-on-write mappings
-  of the object's pages in the store: no copy on receipt, reads at zero-copy
-  speed, and an in-place write copies only the pages it touches, in the writing
-  process. Nothing a receiver does reaches another reader of the object, and
-  the tensors keep the object alive (pinned) until the last of them dies.
-  Where mapping is impossible (inlined objects under ~100 KiB, no ``/proc``, ...)
-  tensors are copied instead; :func:`~arrow_dataproto.receive_mode` says which
-  mode is in force and why.
-- ``copy=True``: tensors own their memory, one copy out of the object store.
-- ``copy=False``: CPU tensors view the shared-memory object store, no copy. The
-  contract is read-only: an in-place write (``add_``, ``masked_fill_``, an
-  optimizer step on a view...) changes the object for every process that reads
-  it, the sender's later ``ray.get`` included; torch does not stop it.
-- ``device="cuda:0"`` (or any device): tensors are decoded straight onto it;
-  the host-to-device transfer is the only copy.
-
-Where to choose them, from the narrowest scope to the widest:
-
-======================================  ============================================
-``get(ref, copy=False)``                one ``ray.get``, in the driver or in an actor
-``receive_as(dp, copy=False)``          one object, chosen by its sender: it is
-                                        decoded so wherever it lands (``ray.put``,
-                                        an actor argument or a return value)
-``with receive_options(copy=False):``   every ``ray.get`` in the block
-``@receiving(copy=False)``              every ``ray.get`` in a function or actor method
-``set_receive_options(copy=False)``     the whole process, e.g. in an actor's
-                                        ``__init__``
-``ARROW_DATAPROTO_COPY=0|1|on_write``,  the whole process, read at import; for an
-``ARROW_DATAPROTO_DEVICE=cuda``         actor: ``.options(runtime_env={"env_vars": ...})``
-======================================  ============================================
+What a receiver gets -- copy-on-write views of the store by default,
+``copy=True`` its own copy, ``copy=False`` shared views under a read-only
+contract, ``device=`` straight onto a device -- is set by the
+:class:`~arrow_dataproto.ReceiveOptions` in force where the DataProto is
+unpickled (:func:`~arrow_dataproto.receive_mode` says which mode, and why,
+e.g. why copy-on-write fell back to copying). This module adds the narrow scopes: :func:`get` (one ``ray.get``),
+:func:`receive_as` (one object, chosen by its sender) and :func:`receiving` (a
+function or actor method); which choice wins over which is the table of
+:meth:`~arrow_dataproto.ReceiveOptions.resolve`.
 
 An actor method's DataProto *argument* is decoded by Ray before the method
-runs, under that worker's process-wide options (a decorator on the method is
-too late). To choose per call, either the sender wraps it with
-:func:`receive_as`, or it sends the ``ObjectRef`` inside a list (Ray resolves
-only top-level references) and the method fetches it with :func:`get` or
-under :func:`receiving`.
+runs, under that worker's process-wide options (rows 3-5 of that table: a
+decorator on the method is too late). To choose per call, either the sender
+wraps it with :func:`receive_as`, or it sends the ``ObjectRef`` inside a list
+(Ray resolves only top-level references) and the method fetches it with
+:func:`get` or under :func:`receiving`.
 
 Ray is an optional dependency, imported when a function here is first called.
 """
@@ -53,10 +29,16 @@ Ray is an optional dependency, imported when a function here is first called.
 from __future__ import annotations
 
 import functools
+import pickle
 from typing import Any, Callable, Sequence, SupportsIndex
 
-from .errors import DataProtoError, OptionError
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from ._codec import to_arrow
 from ._container import DataProto
+from .errors import DataProtoError, OptionError
 from .pickling import Copy, rebuild_dataproto, receive_options, transport_state
 
 __all__ = ["Parcel", "receive_as", "get", "receiving", "scatter", "broadcast", "gather", "scatter_gather", "warm_up"]
@@ -93,8 +75,6 @@ class Parcel:
         return [Parcel(piece, copy=self.copy, device=self.device) for piece in _split(self.data, chunks)]
 
     def __reduce_ex__(self, protocol: SupportsIndex):
-        from ._codec import to_arrow
-
         return _unpack, (self.copy, self.device, *transport_state(to_arrow(self.data)))
 
     def __repr__(self) -> str:
@@ -266,12 +246,6 @@ def warm_up() -> None:
     ``__init__``; it puts and gets one object of about 300 KiB, and copies nothing
     else. Without Ray it round-trips the same batch through ``pickle``.
     """
-    import pickle
-
-    import numpy as np
-    import torch
-    from tensordict import TensorDict
-
     rows = 64
     batch = TensorDict(
         {

@@ -65,6 +65,7 @@ from transfer_queue.storage.managers.base import StorageManager, StorageManagerF
 from .. import _rows
 from .._container import DataProto
 from ..errors import DataProtoError
+from ..pickling import set_receive_options
 
 NAME = "arrow_dataproto"
 """The backend's name: ``conf.backend.storage_backend`` and the section ``conf.backend[NAME]``."""
@@ -88,9 +89,7 @@ class Directory:
     """
 
     def __init__(self) -> None:
-        from .. import pickling
-
-        pickling.set_receive_options(copy=False)  # what arrives is only put again: plain views
+        set_receive_options(copy=False)  # what arrives is only put again: plain views
         self.objects: dict[str, list] = {}  # object id -> [ObjectRef, live cells]
         self.cells: dict[tuple[str, str], dict[int, tuple[str, int]]] = {}  # (partition, field) -> index -> (id, row)
 
