@@ -27,7 +27,7 @@ import pyarrow as pa
 import torch
 from tensordict import TensorDict, is_non_tensor, is_tensor_collection
 
-from . import _foreign, _jagged, _limits, _objects, _portable, _restore
+from . import _foreign, _jagged, _limits, _meta_info, _objects, _portable, _restore
 from ._format import (
     COMPRESSIONS,
     FORMAT,
@@ -121,7 +121,7 @@ def to_arrow(data: Any, *, portable: bool = False) -> pa.RecordBatch:
         if batch.batch_dims < 1:
             raise EncodeError("the TensorDict needs at least one batch dimension (rows)")
         metadata.update(_flatten(batch, "", "", columns).metadata())
-    metadata.update(_objects.encode_meta_info(meta_info))
+    metadata.update(_meta_info.encode_meta_info(meta_info))
 
     fields, arrays = [], []
     structures: dict[int, tuple[torch.Tensor, str]] = {}  # id(offsets) -> (offsets, first column)
@@ -399,7 +399,7 @@ def decode(
         non_tensor[name] = values.copy() if copy and values.dtype != object else values
     if not meta_info:
         metadata = {k: v for k, v in metadata.items() if k not in (META_INFO, META_INFO_ENCODING)}
-    decoded_meta_info = _objects.decode_meta_info(metadata, allow_pickle=allow_pickle)
+    decoded_meta_info = _meta_info.decode_meta_info(metadata, allow_pickle=allow_pickle)
 
     _share_offsets(leaf_names, specs, tensors)
     batch = None if tree is None else _unflatten(tree, iter(tensors), placement)

@@ -79,7 +79,8 @@ from ._format import (
     text_metadata,
     version_text,
 )
-from ._objects import Object, decode_column, decode_meta_info, encode_column, encode_meta_info
+from ._meta_info import decode_meta_info, encode_meta_info
+from ._objects import Object, decode_column, encode_column
 from ._tensors import decode_tensor, encode_tensor
 from .errors import DecodeError, EncodeError, column_error
 
