@@ -28,6 +28,7 @@ import torch
 from tensordict import TensorDict, is_non_tensor, is_tensor_collection
 
 from . import _foreign, _jagged, _limits, _meta_info, _objects, _portable, _restore
+from ._compat import ragged_idx
 from ._format import (
     COMPRESSIONS,
     FORMAT,
@@ -425,7 +426,7 @@ def _share_offsets(names: list[str], specs: list[TensorSpec], tensors: list[torc
         shared = _jagged.parts(tensors[j])[1]
         if offsets.shape != shared.shape or not torch.equal(offsets, shared.to(offsets.device)):
             continue
-        tensors[i] = _jagged.build(values.to(shared.device), shared, _jagged.ragged_idx(tensors[i]))
+        tensors[i] = _jagged.build(values.to(shared.device), shared, ragged_idx(tensors[i]))
 
 
 def read_stream(buffer: Any, max_decoded_bytes: _limits.MaxDecoded = "auto") -> list[pa.RecordBatch]:

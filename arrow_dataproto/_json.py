@@ -21,12 +21,14 @@ from __future__ import annotations
 import gc
 import json
 import re
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import orjson as _orjson
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from ._compat import ascii_json_encoder
 
 
 def same(a: Any, b: Any) -> bool:
@@ -171,18 +173,8 @@ def _stdlib_texts(rows: list) -> tuple[list[bytes], bytes] | None:
     return texts, b"".join(texts)
 
 
-def _ascii_encoder() -> Callable[[Any], str]:
-    """Compact, ASCII-escaped JSON text of a value :func:`_is_json` accepted (so no NaN, no
-    cycles). The C encoder is made once, not per row as ``JSONEncoder.encode`` does."""
-    encoder = json.JSONEncoder(ensure_ascii=True, allow_nan=False, check_circular=False, separators=(",", ":"))
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:  # an interpreter without the C accelerator
-        return encoder.encode
-    chunks = make(None, encoder.default, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, False)
-    return lambda value: "".join(chunks(value, 0))
-
-
-_JSON_ASCII = _ascii_encoder()
+_JSON_ASCII = ascii_json_encoder()
+"""Compact, ASCII-escaped JSON text of a value :func:`_is_json` accepted (so no NaN, no cycles)."""
 
 
 def _refuse_constant(name: str) -> Any:

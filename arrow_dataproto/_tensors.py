@@ -40,6 +40,7 @@ import pyarrow as pa
 import torch
 
 from . import _jagged
+from ._compat import nested_tensor_size, nested_view_from_buffer, ragged_idx
 from ._dtypes import STORAGE, Storage, storage_of
 from ._format import TensorSpec
 from .errors import DecodeError, EncodeError, column_error
@@ -233,9 +234,9 @@ class Jagged:
         array = pa.Array.from_buffers(
             pa.large_list(child.type), offsets.numel() - 1, [None, _buffer(offsets)], children=[child]
         )
-        ragged_idx = _jagged.ragged_idx(t)
-        row_shape = tuple(None if i == ragged_idx - 1 else n for i, n in enumerate(t.shape[1:]))
-        return array, TensorSpec("jagged", t.dtype, row_shape, device, ragged_idx)
+        ragged = ragged_idx(t)
+        row_shape = tuple(None if i == ragged - 1 else n for i, n in enumerate(t.shape[1:]))
+        return array, TensorSpec("jagged", t.dtype, row_shape, device, ragged)
 
     @staticmethod
     def decode(name: str, array: pa.Array, spec: TensorSpec, storage: Storage) -> torch.Tensor:
@@ -265,7 +266,7 @@ class Strided:
         t = _prepare(t)
         if not t.is_contiguous():
             t = t.contiguous()
-        sizes = t._nested_tensor_size().contiguous()
+        sizes = nested_tensor_size(t).contiguous()
         if t.size(0) == 0:  # torch keeps no row shape without rows: record 1-D rows
             sizes = torch.zeros(0, 1, dtype=torch.int64)
         if sizes.dim() != 2 or sizes.shape[1] == 0:
@@ -304,7 +305,7 @@ class Strided:
         strides = torch.ones_like(sizes)
         if ndim > 1:
             strides[:, :-1] = sizes.flip(1)[:, :-1].cumprod(1).flip(1)
-        return torch._nested_view_from_buffer(values, sizes, strides, offsets[:-1].contiguous())
+        return nested_view_from_buffer(values, sizes, strides, offsets[:-1].contiguous())
 
 
 KINDS = (Jagged, Strided, Primitive, FixedShape)

@@ -52,6 +52,7 @@ except ImportError as e:  # pragma: no cover - pandas is an optional dependency
     raise ImportError("arrow_dataproto.pandas needs pandas: pip install 'arrow-dataproto[interop]'") from e
 
 from . import _jagged
+from ._compat import ragged_idx
 from ._limits import check_allocation
 from ._codec import decode, record_batch_of, to_arrow
 from ._container import DataProto
@@ -245,7 +246,7 @@ def _dense_cells(t: torch.Tensor, copy: bool) -> Any:
 
 def _jagged_cells(t: torch.Tensor, copy: bool) -> pd.Series:
     values, offsets = _jagged.parts(t)
-    axis = _jagged.ragged_idx(t) - 1
+    axis = ragged_idx(t) - 1
     array, bounds = _to_numpy(values, copy), offsets.tolist()
     cells = (np.moveaxis(array[a:b], 0, axis) for a, b in zip(bounds[:-1], bounds[1:]))
     return _object_column(cells, len(bounds) - 1)
