@@ -27,7 +27,8 @@ import pyarrow as pa
 import torch
 from tensordict import TensorDict, is_non_tensor, is_tensor_collection
 
-from . import _foreign, _jagged, _limits, _objects, _portable, _restore
+from . import _foreign, _jagged, _limits, _meta_info, _objects, _portable, _restore
+from ._compat import ragged_idx
 from ._format import (
     COMPRESSIONS,
     KIND,
@@ -115,7 +116,7 @@ def to_arrow(data: Any, *, portable: bool = False) -> pa.RecordBatch:
     if batch is not None and batch.batch_dims < 1:
         raise EncodeError("the TensorDict needs at least one batch dimension (rows)")
     tree = None if batch is None else _flatten(batch, "", "", columns)
-    metadata = schema_metadata(tree, _objects.encode_meta_info(meta_info))
+    metadata = schema_metadata(tree, _meta_info.encode_meta_info(meta_info))
 
     fields, arrays = [], []
     structures: dict[int, tuple[torch.Tensor, str]] = {}  # id(offsets) -> (offsets, first column)
@@ -390,7 +391,7 @@ def decode(
         non_tensor[name] = values.copy() if copy and values.dtype != object else values
     if not meta_info:
         metadata = {k: v for k, v in metadata.items() if k not in (META_INFO, META_INFO_ENCODING)}
-    decoded_meta_info = _objects.decode_meta_info(metadata, allow_pickle=allow_pickle)
+    decoded_meta_info = _meta_info.decode_meta_info(metadata, allow_pickle=allow_pickle)
 
     _share_offsets(leaf_names, specs, tensors)
     batch = None if tree is None else _unflatten(tree, iter(tensors), placement)
@@ -416,7 +417,7 @@ def _share_offsets(names: list[str], specs: list[TensorSpec], tensors: list[torc
         shared = _jagged.parts(tensors[j])[1]
         if offsets.shape != shared.shape or not torch.equal(offsets, shared.to(offsets.device)):
             continue
-        tensors[i] = _jagged.build(values.to(shared.device), shared, _jagged.ragged_idx(tensors[i]))
+        tensors[i] = _jagged.build(values.to(shared.device), shared, ragged_idx(tensors[i]))
 
 
 def read_stream(buffer: Any, max_decoded_bytes: _limits.MaxDecoded = "auto") -> list[pa.RecordBatch]:

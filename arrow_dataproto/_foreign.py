@@ -72,6 +72,7 @@ from ._format import (
     text_metadata,
     version_text,
 )
+from ._validate import no_nulls
 from .errors import DecodeError, column_error
 
 _NUMERIC: dict[pa.DataType, torch.dtype] = {
@@ -88,7 +89,11 @@ _JSON = "arrow.json"
 _EXTENSION_NAME = "ARROW:extension:name"
 _EXTENSION_METADATA = "ARROW:extension:metadata"
 
-_FILL_NULLS = "fill the nulls first (pyarrow.compute.fill_null, DataFrame.fillna) or leave the column out with columns=[...]"
+_AS_TENSOR = (
+    "in a column read as a tensor; "
+    "fill the nulls first (pyarrow.compute.fill_null, DataFrame.fillna) or leave the column out with columns=[...]"
+)
+"""The end of the message refusing the nulls of a column read as a tensor (after "N null values")."""
 
 
 def adopt(record_batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -167,14 +172,9 @@ def _leaf(t: pa.DataType) -> pa.DataType:
     return t
 
 
-def _no_nulls(name: str, array: pa.Array, what: str) -> None:
-    if array.null_count:
-        raise column_error(DecodeError, name, f"{array.null_count} null {what} in a column read as a tensor; {_FILL_NULLS}")
-
-
 def _values(name: str, values: pa.Array) -> tuple[pa.Array, torch.dtype]:
     """A flat numeric array as tensor storage: nulls refused, ``bool`` unpacked into ``bool8``."""
-    _no_nulls(name, values, "values")
+    no_nulls(name, values, f"values {_AS_TENSOR}")
     dtype = _NUMERIC[values.type]
     if values.type == pa.bool_():  # bit-packed: one byte per value (a copy)
         values = pa.ExtensionArray.from_storage(pa.bool8(), pc.cast(values, pa.int8()))
@@ -202,14 +202,14 @@ def _fixed_shape_tensor(name: str, array: pa.Array) -> tuple[pa.Array, TensorSpe
     kind = array.type
     if kind.value_type not in _NUMERIC:
         return None
-    _no_nulls(name, array, "rows")
+    no_nulls(name, array, f"rows {_AS_TENSOR}")
     shape, permutation = list(kind.shape), kind.permutation
     flat = array.storage.flatten()  # the values of the rows present
     if permutation is None or list(permutation) == list(range(len(shape))):
         return _dense(name, flat, shape, len(array))
     if sorted(permutation) != list(range(len(shape))):
         raise column_error(DecodeError, name, f"fixed_shape_tensor permutation {list(permutation)} is not one of {len(shape)} dimensions")
-    _no_nulls(name, flat, "values")
+    no_nulls(name, flat, f"values {_AS_TENSOR}")
     physical = flat.to_numpy(zero_copy_only=False).reshape(len(array), *shape)
     logical = np.ascontiguousarray(physical.transpose(0, *(p + 1 for p in permutation)))
     return _dense(name, pa.array(logical.reshape(-1)), list(logical.shape[1:]), len(array))
@@ -227,7 +227,7 @@ def _ray_tensor(name: str, array: pa.Array, kind: pa.DataType, meta: dict[str, s
         return _lists(name, array)
     if not _is_list(array.type) or array.type.value_type not in _NUMERIC:
         return None
-    _no_nulls(name, array, "rows")
+    no_nulls(name, array, f"rows {_AS_TENSOR}")
     if pa.types.is_fixed_size_list(array.type):
         lengths = np.full(len(array), array.type.list_size)
     else:
@@ -256,7 +256,7 @@ def _lists(name: str, array: pa.Array) -> tuple[pa.Array, TensorSpec] | None:
     current = array
     while _is_list(current.type):
         kind = current.type
-        _no_nulls(name, current, "lists" if dims else "rows")
+        no_nulls(name, current, f"{'lists' if dims else 'rows'} {_AS_TENSOR}")
         if pa.types.is_list_view(kind) or pa.types.is_large_list_view(kind):
             current = _contiguous(current)
             kind = current.type

@@ -15,13 +15,15 @@ from typing import Any, Iterator
 
 import torch
 
+from ._compat import FX_TRACE_LOGGER, ragged_idx
+
 JaggedTensor = Any
 """A ``torch.nested`` tensor with ``layout=torch.jagged`` (torch's type stubs lack its methods)."""
 
 # torch logs this notice (once per process) from inside nested_tensor_from_jagged;
 # it concerns torch.fx users, not anyone building a nested tensor.
 _FX_NOTICE = "is_fx_tracing will return true"
-_FX_LOGGER = logging.getLogger("torch.fx._symbolic_trace")
+_FX_LOGGER = logging.getLogger(FX_TRACE_LOGGER)
 
 
 def _not_fx_notice(record: logging.LogRecord) -> bool:
@@ -41,18 +43,13 @@ def is_jagged(t: torch.Tensor) -> bool:
     return t.is_nested and t.layout == torch.jagged
 
 
-def ragged_idx(t: JaggedTensor) -> int:
-    """The ragged dimension of a jagged tensor (1 = right after the batch dimension)."""
-    return t._ragged_idx
-
-
 def parts(t: JaggedTensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(values, offsets)`` of a jagged tensor: values with the ragged dimension first,
     and its offsets (which need not start at 0). Views, except for a tensor with holes
     between rows (``lengths()`` set), which is compacted first (a copy)."""
     if t.lengths() is not None:
         t = t.contiguous()
-    return t.values().movedim(t._ragged_idx - 1, 0), t.offsets()
+    return t.values().movedim(ragged_idx(t) - 1, 0), t.offsets()
 
 
 def build(values: torch.Tensor, offsets: torch.Tensor, ragged_idx: int) -> JaggedTensor:
@@ -67,4 +64,4 @@ def clone(t: JaggedTensor) -> JaggedTensor:
     if t.lengths() is not None:
         t = t.contiguous()
     with _quiet():
-        return torch.nested.nested_tensor_from_jagged(t.values().clone(), t.offsets().clone(), jagged_dim=t._ragged_idx)
+        return torch.nested.nested_tensor_from_jagged(t.values().clone(), t.offsets().clone(), jagged_dim=ragged_idx(t))

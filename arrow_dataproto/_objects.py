@@ -1,4 +1,4 @@
-"""Encode the ``non_tensor_batch`` arrays and the ``meta_info`` of a DataProto for Arrow.
+"""Encode the ``non_tensor_batch`` arrays of a DataProto for Arrow: the column kinds.
 
 Every column is a numpy array with rows on dim 0. :func:`encode_column` turns it into an
 Arrow array with one entry per row plus field metadata; :func:`decode_column` inverts it.
@@ -31,18 +31,13 @@ Representations, by numpy dtype kind:
   gives values equal to the originals with the same Python types, recursively (so bool
   stays distinct from int, tuple from list, dict key order counts; NaN equals NaN).
 - ``O`` 1-D failing that check (kind ``json``): when every row is a JSON value that JSON
-  gives back exactly (:func:`_is_json`: ``None``, ``bool``, int64-range ``int``, finite
-  ``float``, ``str``, ``list``, ``dict`` with ``str`` keys, exact types, at most
-  :data:`JSON_MAX_DEPTH` deep; no string holding a high then a low surrogate, which JSON
-  reads back as one character), the canonical ``arrow.json`` extension type over
-  ``string``: one compact JSON text per row written by orjson (UTF-8; ASCII-escaped by the
-  stdlib encoder for a column holding a surrogate), a ``None`` row a null. Rows may mix types and dict keys: JSON keeps
-  ``1`` / ``1.0`` / ``True`` apart and dict key order. Tuples, bytes, non-``str`` keys,
-  NaN/infinities, bigger ints, subclasses (``IntEnum``, ``np.float64``) and other objects
-  are not JSON. Decoding gives each row's value exactly or raises: orjson's value when it
-  writes that value back as the very text stored, else a strict reader (``NaN``/``Infinity``,
-  a key twice in one object, a number beyond a double or nonzero below its smallest are
-  errors naming the row; ints exact at any size).
+  gives back exactly (:mod:`arrow_dataproto._json`: exact builtin types, int64-range ints,
+  finite floats, ``str`` keys, at most ``JSON_MAX_DEPTH`` deep), the canonical ``arrow.json``
+  extension type over ``string``: one compact JSON text per row, a ``None`` row a null. Rows
+  may mix types and dict keys: JSON keeps ``1`` / ``1.0`` / ``True`` apart and dict key
+  order. Tuples, bytes, non-``str`` keys, NaN/infinities, bigger ints, subclasses
+  (``IntEnum``, ``np.float64``) and other objects are not JSON. Decoding gives each row's
+  value exactly or raises an error naming the row.
 - everything else, including N-D object arrays, structured dtypes, longdouble and object
   columns failing both checks above (kind ``pickle``): ``pa.large_binary()`` holding one
   ``pickle.dumps(row, protocol=5)`` per row. Decoding needs ``allow_pickle=True``.
@@ -50,43 +45,29 @@ Representations, by numpy dtype kind:
 String and object columns use 32-bit offsets unless a column holds more than 2 GiB of
 string, binary or list data, in which case it is re-encoded with the ``large_`` types; a
 JSON column uses ``large_string`` storage past :data:`MAX_STRING_BYTES` of text.
-Pickled columns are always ``large_binary``.
-
-:func:`encode_meta_info` stores ``meta_info`` in schema metadata: ``adp.meta_info`` holds
-the payload and ``adp.meta_info.encoding`` says how: ``"json"`` when JSON (without NaN or
-infinities) gives the dict back with the same types, ``"json+tensors"`` (since 1.3) when the
-values JSON lacks are only tensors (each a tagged dict, bit-exact), else ``"pickle"`` (base64
-of a protocol-5 pickle; refusing it without ``allow_pickle`` names the keys that need it).
+Pickled columns are always ``large_binary``. ``meta_info`` is encoded by
+:mod:`arrow_dataproto._meta_info`.
 """
 
 from __future__ import annotations
 
-import base64
-import gc
 import itertools
-import json
 import operator
 import pickle
-import re
-import warnings
 from functools import partial
 from typing import Any, Callable, Union
 
 import numpy as np
-import orjson as _orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import _limits
-from ._format import ARRAY_KINDS, KIND, MAX_NESTING, META_INFO, META_INFO_ENCODING, ArraySpec, text_metadata
-from .errors import DecodeError, EncodeError, PickleNotAllowedError, column_error
+from ._format import ARRAY_KINDS, KIND, MAX_NESTING, ArraySpec, text_metadata
+from ._json import JSON_TYPES, census, json_texts, load_json_column, same
+from .errors import PICKLE_REFUSED, DecodeError, EncodeError, PickleNotAllowedError, column_error
 
 NUMERIC, STRING, OBJECT, JSON, PICKLE = ARRAY_KINDS
 
-_PICKLE_REFUSED = (
-    "holds pickled values; pass allow_pickle=True only for data from a trusted source "
-    "(unpickling can run arbitrary code)"
-)
 # Arrow types an object column may use natively: to_pylist gives back builtin values.
 _PLAIN_LEAVES = {
     pa.null(), pa.bool_(), pa.int64(), pa.float64(),
@@ -96,24 +77,6 @@ _STRING_VALUE_TYPES = {
     "U": (pa.string(), pa.large_string()),
     "S": (pa.binary(), pa.large_binary()),
 }
-
-
-def same(a: Any, b: Any) -> bool:
-    """Strict equality: equal values of identical types, recursing into lists, tuples and dicts.
-
-    NaN equals NaN; dict keys are compared in order and strictly too.
-    """
-    t = type(a)
-    if t is not type(b):
-        return False
-    if t is list or t is tuple:
-        return len(a) == len(b) and all(map(same, a, b))
-    if t is dict:
-        keys_same = len(a) == len(b) and all(map(same, a, b))
-        return keys_same and all(map(same, a.values(), b.values()))
-    if t is float and a != a:
-        return b != b
-    return a == b
 
 
 # --- helpers shared by the kinds --------------------------------------------------------
@@ -246,179 +209,9 @@ def _may_be_native(group: list, depth: int = 3) -> bool:
     return True
 
 
-JSON_MAX_DEPTH = 200
-"""Rows nested deeper than this (lists and dicts in lists and dicts) are pickled, not JSON."""
-_INT64 = (-(2**63), 2**63 - 1)
-_JSON_TYPES = frozenset({type(None), bool, int, float, str, list, dict})
-_NATIVE_TYPES = _JSON_TYPES | {bytes}
+_NATIVE_TYPES = JSON_TYPES | {bytes}
 """What a native object column may hold: :meth:`Object.encode` gives any other type (a
 tuple, a subclass) back as another, so it does not try."""
-_DIGITS_AS_ZEROS = bytes(48 if chr(c).isdigit() and c < 128 else 32 for c in range(256))
-"""A ``bytes.translate`` table: each ASCII digit to ``0``, every other byte to a space."""
-
-
-def _has_long_digits(text: bytes) -> bool:
-    """19 digits in a row: an int at the int64 bounds or beyond (orjson writes up to
-    2**64 - 1). A table translation and a substring search, 10-20 times faster than the
-    regular expression ``\\d{19}`` on text-heavy columns."""
-    return text.translate(_DIGITS_AS_ZEROS).find(b"0" * 19) >= 0
-
-
-def _is_json(value: Any, depth: int = JSON_MAX_DEPTH) -> bool:
-    """Whether JSON gives ``value`` back exactly: built only of ``None``, ``bool``, ``int`` in
-    the int64 range, finite ``float``, ``str``, ``list`` and ``dict`` with ``str`` keys, exact
-    types (no subclass: ``IntEnum``, ``np.float64``, ``OrderedDict`` are not), at most
-    :data:`JSON_MAX_DEPTH` containers deep (which also rules out cycles).
-
-    The reference walk over every value, one at a time; :func:`_json_texts` reaches the same
-    verdict over a whole column at C speed and calls this only where its cheap checks cannot
-    decide. Leaves are checked inline, containers recursively."""
-    kind = type(value)
-    if kind is dict:
-        for key in value:
-            if type(key) is not str:
-                return False
-        items: Any = value.values()
-    elif kind is list:
-        items = value
-    else:
-        return _is_json_leaf(value, kind)
-    if depth == 0:
-        return False
-    low, high = _INT64
-    for item in items:
-        kind = type(item)
-        if kind is str or kind is bool or item is None:
-            continue
-        if kind is dict or kind is list:
-            if _is_json(item, depth - 1):
-                continue
-            return False
-        if kind is int:
-            if low <= item <= high:
-                continue
-            return False
-        if kind is float and item - item == 0.0:  # finite (NaN and infinities give NaN)
-            continue
-        return False
-    return True
-
-
-def _is_json_leaf(value: Any, kind: type) -> bool:
-    if kind is str or value is None or kind is bool:
-        return True
-    if kind is int:
-        return _INT64[0] <= value <= _INT64[1]
-    return kind is float and value - value == 0.0
-
-
-def _census(rows: list, types: frozenset[type], depth: int) -> int | None:
-    """Whether every value of ``rows`` is of one of ``types`` (exact types) and no row holds
-    lists and dicts more than ``depth`` deep (a row that is a list: 1). One level of
-    nesting at a time, through ``gc.get_referents`` (the items of lists, the values of
-    dicts, and their keys only when one is not an exact ``str``, which is exactly when
-    CPython's dict visits its keys): C speed, no recursion, and no other object is
-    entered. Returns the number of ``None`` values inside the rows, or None when a type or
-    the depth rules the column out."""
-    level, nones = rows, 0
-    for position in range(1, depth + 2):
-        kinds = set(map(type, level))
-        if not kinds <= types:
-            return None
-        if position > 1:
-            nones += level.count(None)  # exact builtin types only: no user __eq__ runs
-        if list not in kinds and dict not in kinds:
-            return nones
-        if position > depth:
-            return None
-        level = gc.get_referents(*level)  # the items of this level's containers (others have none)
-    return None  # unreachable: the loop returns at position depth + 1
-
-
-def _json_texts(rows: list) -> tuple[list[bytes], bytes] | None:
-    """The compact JSON text (UTF-8) of each row (``b""`` for a ``None`` row) and the texts
-    joined, or None when a row is not JSON (:func:`_is_json`).
-
-    orjson writes the text; it refuses non-``str`` keys, ints beyond 64 bits and surrogates,
-    and :func:`_census` refuses every other type and the depth. What orjson would
-    write inexactly is left: NaN/infinities (``null``) and ints in ``[2**63, 2**64)``;
-    their traces in the text (more ``null`` than ``None`` values, 19 digits in a row) send
-    the column to the reference walk."""
-    nones = _census(rows, _JSON_TYPES, JSON_MAX_DEPTH)
-    if nones is None:
-        return None
-    try:
-        texts = [b"" if row is None else _orjson.dumps(row) for row in rows]
-    except TypeError:  # orjson.JSONEncodeError: a non-str key, a huge int, a surrogate
-        return _stdlib_texts(rows)
-    joined = b"".join(texts)
-    if joined.count(b"null") > nones or _has_long_digits(joined):
-        if not all(map(_is_json, rows)):
-            return None
-    return texts, joined
-
-
-def _stdlib_texts(rows: list) -> tuple[list[bytes], bytes] | None:
-    """Where orjson refuses (a string holds a surrogate, which has no UTF-8; or a row is not
-    JSON): the reference walk, then the stdlib encoder, ASCII-escaped (``\\uXXXX``). A string
-    holding a high surrogate then a low one (a pair split into two code points) would read
-    back as one character: not JSON."""
-    if not all(map(_is_json, rows)):
-        return None
-    texts = [b"" if row is None else _JSON_ASCII(row).encode() for row in rows]
-    for row, text in zip(rows, texts):
-        if row is not None and not same(row, _JSON_DECODER.decode(text.decode())):
-            return None
-    return texts, b"".join(texts)
-
-
-def _ascii_encoder() -> Callable[[Any], str]:
-    """Compact, ASCII-escaped JSON text of a value :func:`_is_json` accepted (so no NaN, no
-    cycles). The C encoder is made once, not per row as ``JSONEncoder.encode`` does."""
-    encoder = json.JSONEncoder(ensure_ascii=True, allow_nan=False, check_circular=False, separators=(",", ":"))
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:  # an interpreter without the C accelerator
-        return encoder.encode
-    chunks = make(None, encoder.default, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, False)
-    return lambda value: "".join(chunks(value, 0))
-
-
-_JSON_ASCII = _ascii_encoder()
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise ValueError(f"duplicate key {key[:100]!r} in an object")
-            seen.add(key)
-    return out
-
-
-_MANTISSA_DIGITS = re.compile(r"[1-9]")
-
-
-def _exact_float(text: str) -> float:
-    """A JSON number with a fraction or an exponent as a double, refusing one that no double
-    holds: beyond the largest (``1e999``: it would be infinity) or a nonzero number so small
-    it would be zero (``1e-400``)."""
-    value = float(text)
-    if value - value != 0.0:
-        raise ValueError(f"the number {text[:100]} overflows a double")
-    if value == 0.0 and _MANTISSA_DIGITS.search(text.lower().partition("e")[0]):
-        raise ValueError(f"the number {text[:100]} underflows a double to zero")
-    return value
-
-
-_JSON_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_exact_float, object_pairs_hook=_unique_keys)
-"""The reference reader: strict JSON (no ``NaN``/``Infinity``), no duplicate keys, no number
-a double cannot hold, ints exact at any size."""
 _JSON_TYPE: Callable[[pa.DataType], pa.DataType] | None = getattr(pa, "json_", None)
 """``pa.json_`` (pyarrow >= 19); on older pyarrow a JSON column is its plain UTF-8 storage."""
 MAX_STRING_BYTES = 2**31 - 1
@@ -437,61 +230,6 @@ def _as_json(storage: pa.Array) -> pa.Array:
 
 def _json_storage(array: pa.Array) -> pa.Array:
     return array.storage if isinstance(array, pa.ExtensionArray) else array
-
-
-def _load_json(text: bytes | memoryview) -> Any:
-    """One row's value from its JSON text, exactly or ``ValueError``: orjson's value when
-    orjson writes it back as this very text (then no key was merged, no number rounded to
-    infinity or zero, no escape misread: the text is the canonical form of that value), else
-    the reference reader (:data:`_JSON_DECODER`; whitespace around the value allowed)."""
-    try:
-        value = _orjson.loads(text)
-        if _orjson.dumps(value) == text:
-            return value
-    except (TypeError, ValueError):  # orjson.JSONDecodeError, or a surrogate it cannot write
-        pass
-    return _JSON_DECODER.decode(str(text, "utf-8"))
-
-
-def _load_json_column(storage: pa.Array) -> np.ndarray:
-    """The rows of a string column of JSON texts (a null: ``None``), exactly.
-
-    The fast path parses every row with one orjson call (the texts joined with commas into
-    one array) and writes the values back: when the written texts have the lengths of the
-    stored ones and the same bytes end to end, each row's text is the canonical text of its
-    value. Otherwise each row alone (:func:`_load_json`)."""
-    out = np.empty(len(storage), dtype=object)
-    valid = storage if storage.null_count == 0 else storage.drop_null()
-    if len(valid) == 0:
-        return out
-    offsets = np.frombuffer(valid.buffers()[1], dtype=np.int64 if valid.type == pa.large_string() else np.int32)
-    offsets = offsets[valid.offset : valid.offset + len(valid) + 1]
-    data = memoryview(valid.buffers()[2]).cast("B")[offsets[0] : offsets[-1]]  # unsigned: compares equal to bytes
-    values = None
-    try:
-        joined = pc.binary_join(pa.ListArray.from_arrays([0, len(valid)], valid), ",")
-        parsed = _orjson.loads(b"[" + joined[0].as_buffer() + b"]")
-        if len(parsed) == len(valid):
-            written = list(map(_orjson.dumps, parsed))
-            lengths = np.fromiter(map(len, written), dtype=np.int64, count=len(written))
-            if np.array_equal(lengths, np.diff(offsets)) and b"".join(written) == data:
-                values = parsed
-    except (TypeError, ValueError, pa.ArrowException):  # a row orjson refuses or cannot write back
-        pass
-    if values is None:
-        base, values = int(offsets[0]), []
-        texts = (data[a - base : b - base] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()))
-        for i, text in enumerate(texts):
-            try:
-                values.append(_load_json(text))
-            except (ValueError, RecursionError) as exc:
-                row = i if storage.null_count == 0 else int(np.flatnonzero(storage.is_valid())[i])
-                raise ValueError(f"row {row} is not JSON: {exc}") from None
-    filled = np.fromiter(values, dtype=object, count=len(values))
-    if storage.null_count == 0:
-        return filled
-    out[np.asarray(storage.is_valid())] = filled
-    return out
 
 
 # --- the kinds: encode returns None to fall back to pickle; decode raises any exception
@@ -605,7 +343,7 @@ class Object:
         if values.ndim != 1:
             return None
         rows = values.tolist()
-        if not _may_be_native(rows) or _census(rows, _NATIVE_TYPES, MAX_NESTING - 1) is None:
+        if not _may_be_native(rows) or census(rows, _NATIVE_TYPES, MAX_NESTING - 1) is None:
             return None  # deeper than MAX_NESTING fields: Arrow's IPC format refuses it (pa.array crashes far deeper)
         plain = _plain_kind(rows)
         try:
@@ -639,8 +377,8 @@ class Json:
 
     @staticmethod
     def encode_rows(rows: list) -> pa.Array | None:
-        """The JSON column of ``rows``, or None if one is not JSON (:func:`_is_json`)."""
-        written = _json_texts(rows)
+        """The JSON column of ``rows``, or None if one is not JSON (:mod:`arrow_dataproto._json`)."""
+        written = json_texts(rows)
         if written is None:
             return None
         texts, joined = written
@@ -666,7 +404,7 @@ class Json:
             array.type in (json_type(storage.type), storage.type) and storage.type in (pa.string(), pa.large_string()),
             f"expected JSON text (arrow.json over string or large_string), got {array.type}",
         )
-        return _load_json_column(storage)
+        return load_json_column(storage)
 
 
 class Pickle:
@@ -790,7 +528,7 @@ def decode_column(
     if kind is None:
         raise column_error(DecodeError, name, f"missing or unknown {KIND}: {kind_name!r}")
     if kind is Pickle and not allow_pickle:
-        raise column_error(PickleNotAllowedError, name, _PICKLE_REFUSED)
+        raise column_error(PickleNotAllowedError, name, PICKLE_REFUSED)
     try:
         _check(isinstance(array, pa.Array), f"expected a pyarrow Array, got {type(array).__name__}")
         array.validate()  # buffer sizes match the lengths; cheap, no per-value scan
@@ -799,205 +537,3 @@ def decode_column(
         return kind.decode(array, spec.dtype, spec.row_shape)
     except Exception as exc:  # pyarrow, numpy, json and unpickling errors of any type
         raise column_error(DecodeError, name, f"malformed {kind_name!r} column: {exc!r}") from exc
-
-
-# --- meta_info ----------------------------------------------------------------------------
-
-
-TENSOR_TAG = "adp.tensor"
-"""In ``json+tensors`` meta_info (since 1.3), a dict of this one key is a tensor: ``{"dtype":
-torch dtype name, "shape": [...], "device": "cpu", "data": base64 of its bytes, row-major}``."""
-
-
-class _NeedsPickle(Exception):
-    """A value of meta_info that neither JSON nor the tensor tag holds; ``args[0]`` says where."""
-
-
-def _tagged(value: Any, where: str) -> Any:
-    """``value`` with each tensor replaced by its tag (:data:`TENSOR_TAG`); :class:`_NeedsPickle`
-    for what only pickle holds exactly: a tuple, a non-``str`` dict key, a dict that has the tag's
-    key, a tensor with gradients, of a subclass, a layout other than strided or a dtype without
-    storage. Other values are returned as they are (JSON's round trip decides on them)."""
-    import torch  # here, not at module level: reading a file's meta_info (the CLI) needs no torch
-
-    from ._dtypes import STORAGE, dtype_name
-
-    kind = type(value)
-    if kind is torch.Tensor:
-        if value.layout != torch.strided or value.requires_grad or value.dtype not in STORAGE or value.is_nested:
-            raise _NeedsPickle(where)
-        flat = value.detach().resolve_conj().resolve_neg().cpu().contiguous().reshape(-1)
-        data = base64.b64encode(flat.view(torch.uint8).numpy().tobytes()).decode("ascii")
-        record = {"dtype": dtype_name(value.dtype), "shape": list(value.shape), "device": str(value.device), "data": data}
-        return {TENSOR_TAG: record}
-    if kind is dict:
-        if TENSOR_TAG in value or not all(type(k) is str for k in value):
-            raise _NeedsPickle(where)
-        return {k: _tagged(v, f"{where}[{k!r}]") for k, v in value.items()}
-    if kind is list:
-        return [_tagged(v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if kind is tuple or isinstance(value, torch.Tensor):
-        raise _NeedsPickle(where)
-    return value
-
-
-def _json_with_tensors(meta_info: dict) -> str | None:
-    """The ``json+tensors`` text of ``meta_info`` if it gives it back exactly, else None."""
-    try:
-        tagged = _tagged(meta_info, "meta_info")
-        text = json.dumps(tagged, allow_nan=False)
-        return text if same(tagged, json.loads(text)) else None
-    except (_NeedsPickle, TypeError, ValueError, RecursionError):
-        return None
-
-
-def pickled_meta_keys(meta_info: dict) -> list[str]:
-    """The keys of ``meta_info`` whose values need pickling (neither JSON nor tensors)."""
-    return [repr(k) for k, v in meta_info.items() if type(k) is not str or _json_with_tensors({k: v}) is None]
-
-
-def encode_meta_info(meta_info: dict) -> dict[str, str]:
-    """Encode ``meta_info`` as schema-metadata entries (``adp.meta_info*`` keys).
-
-    JSON when that round-trips exactly (same values and types, no NaN/infinity); else, when
-    the values JSON lacks are only tensors (plain strided tensors of any dtype with storage,
-    without gradients), ``json+tensors``: JSON with each tensor as its tag (:data:`TENSOR_TAG`,
-    bit-exact: dtype, shape, device, bytes); else a base64-encoded protocol-5 pickle
-    (:func:`pickled_meta_keys` names the keys that need it).
-
-    Raises:
-        EncodeError: ``meta_info`` is not a dict, or needs pickling and cannot be pickled.
-    """
-    if not isinstance(meta_info, dict):
-        raise EncodeError(f"meta_info must be a dict, got {type(meta_info).__name__}")
-    try:
-        text = json.dumps(meta_info, allow_nan=False)
-        if same(meta_info, json.loads(text)):
-            return {META_INFO_ENCODING: "json", META_INFO: text}
-    except (TypeError, ValueError, RecursionError):  # not JSON-serialisable
-        pass
-    tagged = _json_with_tensors(meta_info)
-    if tagged is not None:
-        return {META_INFO_ENCODING: JSON_TENSORS, META_INFO: tagged}
-    try:
-        blob = pickle.dumps(meta_info, protocol=5)
-    except Exception as exc:
-        raise EncodeError(f"meta_info is neither JSON nor picklable: {exc}") from exc
-    return {META_INFO_ENCODING: "pickle", META_INFO: base64.b64encode(blob).decode("ascii")}
-
-
-JSON_TENSORS = "json+tensors"
-
-
-def _untagged(value: Any) -> Any:
-    """Invert :func:`_tagged` on parsed JSON (tensors on the CPU, then moved to their recorded
-    device when this process has it). Checks sizes before allocating."""
-    if type(value) is list:
-        return [_untagged(v) for v in value]
-    if type(value) is not dict:
-        return value
-    if list(value) != [TENSOR_TAG]:
-        return {k: _untagged(v) for k, v in value.items()}
-    record = value[TENSOR_TAG]
-    if type(record) is not dict or set(record) != {"dtype", "shape", "device", "data"}:
-        raise ValueError("malformed tensor tag")
-    import torch  # only for a tensor tag: meta_info without tensors decodes without torch
-
-    from ._dtypes import dtype_from_name
-
-    dtype = dtype_from_name(str(record["dtype"]), "meta_info")
-    shape = record["shape"]
-    if type(shape) is not list or not all(type(d) is int and 0 <= d < 2**63 for d in shape):
-        raise ValueError(f"malformed tensor shape {str(shape)[:80]}")
-    data = base64.b64decode(str(record["data"]), validate=True)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    numel = 1
-    for d in shape:
-        numel *= d
-    if numel * itemsize != len(data):
-        raise ValueError(f"a tensor of shape {shape} and dtype {dtype} in {len(data)} bytes")
-    tensor = torch.empty(shape, dtype=dtype)
-    if numel:
-        tensor.reshape(-1).view(torch.uint8).copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-    device = str(record["device"])
-    if device != "cpu":
-        try:
-            tensor = tensor.to(device)
-        except (RuntimeError, ValueError, AssertionError):
-            warnings.warn(f"meta_info: a tensor recorded on {device[:40]!r} stays on the CPU (no such device here)", stacklevel=2)
-    return tensor
-
-
-class _Opaque:
-    """What :class:`_KeysOnly` makes of every object a pickle names: nothing is imported or run."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def __setstate__(self, state: Any) -> None:
-        pass
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        pass
-
-    def append(self, value: Any) -> None:
-        pass
-
-    def extend(self, values: Any) -> None:
-        pass
-
-
-class _KeysOnly(pickle.Unpickler):
-    """An unpickler that never imports nor calls anything of the pickle's: each global it names
-    is :class:`_Opaque` (so reading a refused pickle's keys is safe)."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        return _Opaque
-
-    def persistent_load(self, pid: Any) -> Any:
-        return _Opaque()
-
-
-def _refused_keys(payload: str) -> str:
-    """`` (keys 'a', 'b')``: the keys of a pickled meta_info whose values need pickling, read
-    without running the pickle (every class or function it names is :class:`_Opaque`); empty
-    if they cannot be told."""
-    import io
-
-    try:
-        loaded = _KeysOnly(io.BytesIO(base64.b64decode(payload, validate=True))).load()
-        keys = pickled_meta_keys(loaded) if type(loaded) is dict else []
-    except Exception:  # a malformed pickle: the refusal says no more
-        return ""
-    return f" (key{'s' if len(keys) > 1 else ''} {', '.join(keys)[:300]})" if keys else ""
-
-
-_META_INFO_LOADERS: dict[str, Callable[[str], Any]] = {
-    "json": _JSON_DECODER.decode,  # strict: a duplicate key or a number no double holds is an error
-    JSON_TENSORS: lambda text: _untagged(_JSON_DECODER.decode(text)),
-    "pickle": lambda text: pickle.loads(base64.b64decode(text, validate=True)),
-}
-
-
-def decode_meta_info(metadata: dict[str, str], *, allow_pickle: bool) -> dict:
-    """Invert :func:`encode_meta_info`; ``{}`` when ``metadata`` holds no meta_info.
-
-    Raises:
-        PickleNotAllowedError: meta_info is pickled and ``allow_pickle`` is false (naming the
-            keys whose values need it, read without unpickling anything).
-        DecodeError: the entries are inconsistent, malformed, or not a dict.
-    """
-    encoding, payload = metadata.get(META_INFO_ENCODING), metadata.get(META_INFO)
-    if encoding is None and payload is None:
-        return {}
-    if encoding not in _META_INFO_LOADERS or payload is None:
-        raise DecodeError(f"bad meta_info entries: {META_INFO_ENCODING}={encoding!r}")
-    if encoding == "pickle" and not allow_pickle:
-        raise PickleNotAllowedError(f"meta_info{_refused_keys(payload)} {_PICKLE_REFUSED}")
-    try:
-        meta_info = _META_INFO_LOADERS[encoding](payload)
-    except Exception as exc:  # json, base64 and unpickling errors of any type
-        raise DecodeError(f"malformed {encoding} meta_info: {exc!r}") from exc
-    if not isinstance(meta_info, dict):
-        raise DecodeError(f"meta_info must decode to a dict, got {type(meta_info).__name__}")
-    return meta_info

@@ -46,6 +46,7 @@ import torch
 
 from ._dtypes import STORAGE, dtype_name
 from ._format import FORMAT, KIND, PORTABLE, TENSOR_KINDS, ArraySpec, TensorSpec, text_metadata
+from ._validate import no_nulls
 from .errors import DecodeError, EncodeError, column_error
 
 _PORTABLE_KEY = PORTABLE.encode()
@@ -403,17 +404,16 @@ def _elements_to_stored(elements: pa.Array, layout: _Layout, name: str) -> pa.Ar
     """Inverse of :func:`_elements_to_portable`."""
     values = elements
     for _ in layout.dims:
-        _no_nulls(values, name)
+        no_nulls(name, values, _NULLS)
         values = values.flatten()
     if values.null_count and not layout.leaf.nulls:
-        _no_nulls(values, name)
+        no_nulls(name, values, _NULLS)
     out = layout.leaf.narrow(values, name)
     return _fsl(out, math.prod(layout.dims), len(elements)) if layout.dims else out
 
 
-def _no_nulls(array: pa.Array, name: str) -> None:
-    if array.null_count:
-        raise column_error(DecodeError, name, f"{array.null_count} null values where the format has none")
+_NULLS = "values where the format has none"
+"""What :func:`no_nulls` says of the nulls a portable column cannot hold."""
 
 
 def _list_parts(array: pa.Array) -> tuple[np.ndarray, pa.Array]:
@@ -445,10 +445,10 @@ def _column_to_portable(array: pa.Array, layout: _Layout, name: str) -> pa.Array
 def _column_to_stored(array: pa.Array, layout: _Layout, name: str) -> pa.Array:
     if layout.form == "flat":
         if not layout.leaf.nulls:
-            _no_nulls(array, name)
+            no_nulls(name, array, _NULLS)
         out = _elements_to_stored(array, layout, name)
         return pa.ExtensionArray.from_storage(layout.stored_type(), out) if layout.dims else out
-    _no_nulls(array, name)
+    no_nulls(name, array, _NULLS)
     if layout.form == "strided":
         data = _column_to_stored(array.field("data"), _Layout("list", layout.dims, layout.leaf), name)
         return pa.StructArray.from_arrays([data, array.field("shape")], names=["data", "shape"])

@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ._format import FORMAT, META_INFO, META_INFO_ENCODING, PORTABLE, check_schema, text_metadata
-from ._objects import decode_meta_info, encode_meta_info
+from ._meta_info import decode_meta_info, encode_meta_info
 from ._portable import forms
 from .errors import ArgumentTypeError, DecodeError, SchemaMismatchError, column_error
 

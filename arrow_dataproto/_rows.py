@@ -17,6 +17,7 @@ import torch
 from tensordict import TensorDict, is_tensor_collection
 
 from . import _jagged
+from ._compat import ragged_idx
 
 
 Shared = dict
@@ -51,7 +52,7 @@ def take(t: torch.Tensor, index: torch.Tensor, shared: Shared | None = None) -> 
             return new_offsets, gather
 
         new_offsets, gather = _once(shared, ("take", id(offsets)), (offsets,), plan)
-        return _jagged.build(values[gather.to(values.device)], new_offsets, _jagged.ragged_idx(t))
+        return _jagged.build(values[gather.to(values.device)], new_offsets, ragged_idx(t))
     if t.is_nested:
         rows = t.unbind()
         return torch.nested.nested_tensor([rows[i] for i in index.tolist()], dtype=t.dtype, device=t.device)
@@ -64,7 +65,7 @@ def slice_rows(t: torch.Tensor, start: int, stop: int, shared: Shared | None = N
         values, offsets = _jagged.parts(t)
         first, last = int(offsets[start]), int(offsets[stop])
         new_offsets = _once(shared, ("slice", id(offsets)), (offsets,), lambda: offsets[start : stop + 1] - first)
-        return _jagged.build(values[first:last], new_offsets, _jagged.ragged_idx(t))
+        return _jagged.build(values[first:last], new_offsets, ragged_idx(t))
     if t.is_nested:
         return take(t, torch.arange(start, stop))
     return t[start:stop]
@@ -74,7 +75,7 @@ def row(t: torch.Tensor, i: int) -> torch.Tensor:
     """Row ``i`` of ``t`` as a dense tensor."""
     if _jagged.is_jagged(t):
         values, offsets = _jagged.parts(t)
-        return values[int(offsets[i]) : int(offsets[i + 1])].movedim(0, _jagged.ragged_idx(t) - 1)
+        return values[int(offsets[i]) : int(offsets[i + 1])].movedim(0, ragged_idx(t) - 1)
     if t.is_nested:
         return t.unbind()[i]
     return t[i]
@@ -93,7 +94,7 @@ def cat(tensors: list[torch.Tensor], shared: Shared | None = None) -> torch.Tens
             return offsets - offsets[0]
 
         offsets = _once(shared, ("cat", *map(id, sources)), sources, joined)
-        return _jagged.build(torch.cat([v for v, _ in parts]), offsets, _jagged.ragged_idx(first))
+        return _jagged.build(torch.cat([v for v, _ in parts]), offsets, ragged_idx(first))
     if first.is_nested:
         return torch.nested.nested_tensor([r for t in tensors for r in t.unbind()], dtype=first.dtype, device=first.device)
     return torch.cat(tensors)

@@ -40,8 +40,10 @@ import pyarrow as pa
 import torch
 
 from . import _jagged
+from ._compat import nested_tensor_size, nested_view_from_buffer, ragged_idx
 from ._dtypes import STORAGE, Storage, storage_of
 from ._format import TensorSpec
+from ._validate import no_nulls
 from .errors import DecodeError, EncodeError, column_error
 
 # ---------------------------------------------------------------- shared by the kinds
@@ -83,7 +85,7 @@ def _elements(name: str, child: pa.Array, storage: Storage, dtype: torch.dtype, 
     else:
         if not pa.types.is_fixed_size_list(child.type) or child.type.list_size != width:
             raise _fail(name, f"elements of type {child.type}, expected fixed_size_list of {width}")
-        _no_nulls(name, child)
+        no_nulls(name, child, _NULLS)
         flat = child.flatten()
     values = _primitive_tensor(name, flat, storage)
     if values.data_ptr() % dtype.itemsize:  # torch crashes on misaligned complex128 (IPC aligns to 8 bytes only)
@@ -105,16 +107,15 @@ def _fail(name: str, message: str) -> DecodeError:
     return column_error(DecodeError, name, message)
 
 
-def _no_nulls(name: str, array: pa.Array) -> None:
-    if array.null_count:
-        raise _fail(name, f"{array.null_count} null values in a tensor column")
+_NULLS = "values in a tensor column"
+"""What :func:`no_nulls` says of the nulls a tensor column cannot hold."""
 
 
 def _primitive_tensor(name: str, array: pa.Array, storage: Storage) -> torch.Tensor:
     """A 1-D tensor viewing a primitive (or bool8) Arrow array's values, in the storage dtype."""
     if isinstance(array.type, pa.BaseExtensionType):
         array = array.storage
-    _no_nulls(name, array)
+    no_nulls(name, array, _NULLS)
     expected = storage.arrow_type
     if isinstance(expected, pa.BaseExtensionType):
         expected = expected.storage_type
@@ -233,9 +234,9 @@ class Jagged:
         array = pa.Array.from_buffers(
             pa.large_list(child.type), offsets.numel() - 1, [None, _buffer(offsets)], children=[child]
         )
-        ragged_idx = _jagged.ragged_idx(t)
-        row_shape = tuple(None if i == ragged_idx - 1 else n for i, n in enumerate(t.shape[1:]))
-        return array, TensorSpec("jagged", t.dtype, row_shape, device, ragged_idx)
+        ragged = ragged_idx(t)
+        row_shape = tuple(None if i == ragged - 1 else n for i, n in enumerate(t.shape[1:]))
+        return array, TensorSpec("jagged", t.dtype, row_shape, device, ragged)
 
     @staticmethod
     def decode(name: str, array: pa.Array, spec: TensorSpec, storage: Storage) -> torch.Tensor:
@@ -265,7 +266,7 @@ class Strided:
         t = _prepare(t)
         if not t.is_contiguous():
             t = t.contiguous()
-        sizes = t._nested_tensor_size().contiguous()
+        sizes = nested_tensor_size(t).contiguous()
         if t.size(0) == 0:  # torch keeps no row shape without rows: record 1-D rows
             sizes = torch.zeros(0, 1, dtype=torch.int64)
         if sizes.dim() != 2 or sizes.shape[1] == 0:
@@ -292,7 +293,7 @@ class Strided:
             raise _fail(name, f"shape field of type {sizes_array.type}, expected fixed_size_list<int64>[{ndim}]")
         if len(array) == 0:  # torch cannot view an empty buffer as rows (it crashes)
             return torch.nested.nested_tensor([], dtype=spec.dtype)
-        _no_nulls(name, sizes_array)
+        no_nulls(name, sizes_array, _NULLS)
         sizes = torch.from_dlpack(sizes_array.flatten()).view(len(array), ndim)
         offsets, child = _list_parts(name, data)
         # Bound the products first: an int64 product that wraps around could match a row length.
@@ -304,7 +305,7 @@ class Strided:
         strides = torch.ones_like(sizes)
         if ndim > 1:
             strides[:, :-1] = sizes.flip(1)[:, :-1].cumprod(1).flip(1)
-        return torch._nested_view_from_buffer(values, sizes, strides, offsets[:-1].contiguous())
+        return nested_view_from_buffer(values, sizes, strides, offsets[:-1].contiguous())
 
 
 KINDS = (Jagged, Strided, Primitive, FixedShape)
@@ -341,6 +342,6 @@ def decode_tensor(name: str, array: pa.Array, spec: TensorSpec) -> torch.Tensor:
     buffers present.
     """
     storage = STORAGE[spec.dtype]
-    _no_nulls(name, array)
+    no_nulls(name, array, _NULLS)
     kind = next(k for k in KINDS if k.reads(spec, storage))
     return kind.decode(name, array, spec, storage)

@@ -1,6 +1,7 @@
 """The validation gate, with pyarrow alone: every path that reads a RecordBatch's values or
 sizes (decoding, sizes, copies, recovery, pandas, the command line's ``head``) puts the batch
-through :func:`validate_arrow` first."""
+through :func:`validate_arrow` first; every decoder that refuses nulls does so with
+:func:`no_nulls`."""
 
 from __future__ import annotations
 
@@ -25,6 +26,13 @@ def validate_arrow(record_batch: pa.RecordBatch, where: str = "") -> None:
         raise DecodeError(f"{prefix}invalid Arrow data: {e}") from e
     for name, column in zip(record_batch.schema.names, record_batch.columns):
         _check_offsets(name, column)
+
+
+def no_nulls(name: str, array: pa.Array, what: str) -> None:
+    """Raise :class:`DecodeError` naming column ``name`` ("``N`` null ``what``") if ``array``
+    holds nulls (its own validity bitmap, not its children's)."""
+    if array.null_count:
+        raise column_error(DecodeError, name, f"{array.null_count} null {what}")
 
 
 def _check_offsets(name: str, array: pa.Array) -> None:

@@ -138,7 +138,7 @@ def _meta_info_of(metadata: dict[str, str]) -> tuple[str | None, dict | None]:
     """How a batch's meta_info is stored (``"json"``, ``"pickle"`` or None) and its value,
     None when pickled: nothing is unpickled here."""
     from ._format import META_INFO_ENCODING
-    from ._objects import decode_meta_info
+    from ._meta_info import decode_meta_info
 
     encoding = metadata.get(META_INFO_ENCODING)
     return encoding, None if encoding == "pickle" else _shown(decode_meta_info(metadata, allow_pickle=False))

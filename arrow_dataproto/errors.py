@@ -35,6 +35,13 @@ class PickleNotAllowedError(DecodeError):
     """The payload holds pickled values and the caller did not pass ``allow_pickle=True``."""
 
 
+PICKLE_REFUSED = (
+    "holds pickled values; pass allow_pickle=True only for data from a trusted source "
+    "(unpickling can run arbitrary code)"
+)
+"""The end of a :class:`PickleNotAllowedError` message, after what holds the pickles."""
+
+
 class SchemaMismatchError(DataProtoError, ValueError):
     """A batch does not match the schema of the file or batches it is combined with."""
 

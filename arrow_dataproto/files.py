@@ -103,7 +103,8 @@ from ._layout import StreamIndex as _StreamIndex
 from ._layout import header_codec as _header_codec
 from ._layout import message_header as _message_header
 from ._layout import scan_stream as _scan_stream
-from ._objects import JSON, OBJECT, PICKLE, decode_column, decode_meta_info, encode_as, json_type, pickled_meta_keys
+from ._meta_info import decode_meta_info, pickled_meta_keys
+from ._objects import JSON, OBJECT, PICKLE, decode_column, encode_as, json_type
 from ._progress import progress_bar
 from ._validate import validate_arrow
 

@@ -51,6 +51,7 @@ except ImportError as e:  # pragma: no cover - pandas is an optional dependency
     raise ImportError("arrow_dataproto.pandas needs pandas: pip install 'arrow-dataproto[interop]'") from e
 
 from . import _jagged
+from ._compat import ragged_idx
 from ._limits import check_allocation
 from ._codec import decode, record_batch_of, to_arrow
 from ._container import DataProto
@@ -79,7 +80,8 @@ from ._format import (
     schema_metadata,
     text_metadata,
 )
-from ._objects import Object, decode_column, decode_meta_info, encode_column, encode_meta_info
+from ._meta_info import decode_meta_info, encode_meta_info
+from ._objects import Object, decode_column, encode_column
 from ._portable import time_unit, widening_table
 from ._tensors import decode_tensor, encode_tensor
 from .errors import DecodeError, EncodeError, column_error
@@ -229,7 +231,7 @@ def _dense_cells(t: torch.Tensor, copy: bool) -> Any:
 
 def _jagged_cells(t: torch.Tensor, copy: bool) -> pd.Series:
     values, offsets = _jagged.parts(t)
-    axis = _jagged.ragged_idx(t) - 1
+    axis = ragged_idx(t) - 1
     array, bounds = _to_numpy(values, copy), offsets.tolist()
     cells = (np.moveaxis(array[a:b], 0, axis) for a, b in zip(bounds[:-1], bounds[1:]))
     return _object_column(cells, len(bounds) - 1)

@@ -21,16 +21,16 @@ import contextlib
 import contextvars
 import logging
 import os
-import sys
 import warnings
 from dataclasses import dataclass
-from typing import Any, Final, Literal, NamedTuple, Union
+from typing import Final, Literal, NamedTuple, Union
 
 import numpy as np
 import pyarrow as pa
 import torch
 
 from . import _shm
+from ._compat import ray_external_transport
 from ._codec import record_batch_of, to_arrow
 from ._decoding import from_arrow
 from .errors import DecodeError, OptionError, column_error
@@ -300,16 +300,11 @@ def direct_transport() -> bool:
 
     Ray then moves every ``torch.Tensor`` it meets in the pickled value through the
     transport (gloo, nccl, ...) and the object store carries the rest. Reads Ray's
-    serialization context (Ray 2.60: its thread-local ``use_external_transport``);
-    ``False`` when Ray is not imported or has no such flag.
+    serialization context (Ray 2.60: its thread-local ``use_external_transport``, a private
+    API: :func:`arrow_dataproto._compat.ray_external_transport`); ``False`` when Ray is not
+    imported or has no such flag.
     """
-    ray = sys.modules.get("ray")
-    worker: Any = getattr(getattr(getattr(ray, "_private", None), "worker", None), "global_worker", None)
-    try:
-        context = worker.get_serialization_context()
-    except Exception:  # no Ray, a Ray without this context: not under direct transport
-        return False
-    return bool(getattr(getattr(context, "_thread_local", None), "use_external_transport", False))
+    return ray_external_transport()
 
 
 def _map_buffers(state: tuple, convert) -> tuple:

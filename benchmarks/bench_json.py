@@ -28,7 +28,8 @@ import torch
 
 from harness import Timing, arguments, command, interleaved, pair, save
 
-from arrow_dataproto._objects import Pickle, decode_column, encode_column, same
+from arrow_dataproto._json import same
+from arrow_dataproto._objects import Pickle, decode_column, encode_column
 from arrow_dataproto.testing.samples import verl_rollout
 
 COLUMNS = ["extra_info", "tools_kwargs", "raw_prompt", "messages", "scores", "ground_truth", "multi_modal_data"]

@@ -938,7 +938,7 @@ def test_naming_refused_meta_info_keys_runs_nothing(tmp_path):
 
 
 def test_malformed_tensor_tags_are_decode_errors():
-    from arrow_dataproto._objects import decode_meta_info
+    from arrow_dataproto._meta_info import decode_meta_info
 
     def meta(record) -> dict[str, str]:
         return {"adp.meta_info.encoding": "json+tensors", "adp.meta_info": json.dumps({"t": {"adp.tensor": record}})}

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 import arrow_dataproto as adp
 from arrow_dataproto import _objects, files
-from arrow_dataproto._objects import JSON_MAX_DEPTH, decode_column, encode_column
+from arrow_dataproto._json import JSON_MAX_DEPTH, _is_json, json_texts
+from arrow_dataproto._objects import decode_column, encode_column
 from arrow_dataproto.errors import DecodeError, SchemaMismatchError
 from arrow_dataproto.testing import assert_dataproto_equal, strict_equal
 from arrow_dataproto.testing.samples import verl_rollout
@@ -358,7 +359,7 @@ def test_pandas_round_trip_keeps_json_columns():
 
 # ---------------------------------------------------------------- the fast exactness checks (issue 21)
 # orjson writes the text and a type census over gc.get_referents replaces the per-value walk:
-# they must accept exactly the columns the reference walk (_objects._is_json) accepts.
+# they must accept exactly the columns the reference walk (_json._is_json) accepts.
 
 _near_json = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**65), 2**65) | st.floats() | st.text(max_size=4)
@@ -381,14 +382,14 @@ def _split_pair(value) -> bool:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(_near_json, max_size=5))
 def test_fast_check_agrees_with_the_reference_walk(rows):
-    expected = all(map(_objects._is_json, rows)) and not _split_pair(rows)
-    assert (_objects._json_texts(rows) is not None) == expected
+    expected = all(map(_is_json, rows)) and not _split_pair(rows)
+    assert (json_texts(rows) is not None) == expected
 
 
 @pytest.mark.parametrize("depth", [JSON_MAX_DEPTH - 1, JSON_MAX_DEPTH, 5000])
 def test_fast_check_keeps_the_depth_limit(depth):
     rows = [_nested(depth), {"a": _nested(depth - 1)}]  # depth + 1 containers each
-    assert (_objects._json_texts(rows) is not None) == (depth < JSON_MAX_DEPTH)
+    assert (json_texts(rows) is not None) == (depth < JSON_MAX_DEPTH)
 
 
 def test_json_decode_fast_path_and_per_row_path_agree():

@@ -19,12 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arrow_dataproto.errors import DecodeError, EncodeError, PickleNotAllowedError
-from arrow_dataproto._objects import (
-    decode_column,
-    decode_meta_info,
-    encode_column,
-    encode_meta_info,
-)
+from arrow_dataproto._meta_info import decode_meta_info, encode_meta_info
+from arrow_dataproto._objects import decode_column, encode_column
 
 
 @dataclasses.dataclass

@@ -20,7 +20,7 @@ import torch
 from tensordict import TensorDict, is_tensor_collection
 
 from .._container import DataProto
-from .._jagged import ragged_idx
+from .._compat import ragged_idx
 
 __all__ = [
     "assert_dataproto_equal",
