@@ -28,12 +28,10 @@ import torch
 from tensordict import TensorDict, is_tensor_collection
 
 from .errors import ArgumentTypeError, BatchError
-from ._container import (
+from ._container import DataProto, DataProtoItem, positive_int
+from ._verl_rules import (
     AUTO_PADDING_KEY,
-    DataProto,
     DataProtoConfig,
-    DataProtoItem,
-    positive_int,
     list_of_dict_to_dict_of_list,
     union_numpy_dict,
     union_tensor_dict,
