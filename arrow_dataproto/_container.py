@@ -574,7 +574,7 @@ class DataProto:
                 f"{os.fspath(filepath)!r} is not an Arrow file; if verl's save_to_disk wrote it (a pickle), "
                 "pass allow_pickle=True to load it (only for files you trust)"
             )
-        from .integrations.verl import VerlState, unpickle
+        from ._verl_pickle import VerlState, unpickle
 
         with open(filepath, "rb") as f:
             try:
@@ -584,8 +584,8 @@ class DataProto:
         if isinstance(loaded, DataProto):
             return loaded
         if isinstance(loaded, VerlState):
-            return DataProto(loaded.batch, loaded.non_tensor_batch, loaded.meta_info)
-        raise DecodeError(f"{os.fspath(filepath)!r} holds a pickled {type(loaded).__name__}, not a DataProto")
+            return assemble(DataProto, loaded.batch, loaded.non_tensor_batch, loaded.meta_info)
+        raise DecodeError(f"{os.fspath(filepath)!r}: the pickle holds a {type(loaded).__name__}, not a DataProto")
 
     def to_pandas(self, *, copy: bool = False):
         """One DataFrame row per sample: :func:`arrow_dataproto.pandas.to_pandas` (needs pandas)."""
@@ -632,6 +632,23 @@ class DataProto:
             f"DataProto(rows={len(self)}, batch_keys={keys}, "
             f"non_tensor_keys={list(self.non_tensor_batch)}, meta_info_keys={list(self.meta_info)})"
         )
+
+
+def assemble(cls: type, batch: TensorDict | None, non_tensor_batch: dict, meta_info: dict) -> Any:
+    """An instance of ``cls`` holding decoded parts: how every decoder (:func:`~arrow_dataproto.from_arrow`,
+    unpickling, :meth:`DataProto.load_from_disk`) and both converters between verl's class and
+    ours wrap the three fields.
+
+    Our :class:`DataProto` (or a subclass) is built by its constructor, which checks the parts
+    (:class:`BatchError`) and puts them in new dicts; any other class (verl's ``DataProto``) is
+    built as unpickling builds it: ``cls.__new__`` and the three attributes set to the parts
+    themselves, its constructor and its checks not run.
+    """
+    if issubclass(cls, DataProto):
+        return cls(batch, non_tensor_batch, meta_info)
+    obj: Any = cls.__new__(cls)  # verl's DataProto, untyped here
+    obj.batch, obj.non_tensor_batch, obj.meta_info = batch, non_tensor_batch, meta_info
+    return obj
 
 
 # ---------------------------------------------------------------- helpers

@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     import numpy as np
 
     from .files import ColumnInfo, FileReader
-    from ._container import DataProto
     from ._preview import TensorRows
 
 PICKLED = "<pickled>"
@@ -516,30 +515,6 @@ def _head(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- convert and recover
 
 
-def load_pickled_dataproto(path: str | os.PathLike) -> DataProto:
-    """A DataProto pickled by verl's ``save_to_disk`` (or ``pickle.dump`` of ours), as our DataProto.
-
-    This unpickles: it runs whatever code the file names. Only for files you trust.
-    verl need not be installed: its DataProto class is replaced by a stand-in that
-    decodes verl's state (``torch.save`` bytes or numpy mode). Raises
-    :class:`DecodeError` if the file holds something else or a class that cannot be found.
-    """
-    from ._container import DataProto
-    from .files import open_regular
-    from .integrations.verl import VerlState, unpickle
-
-    with os.fdopen(open_regular(path), "rb") as f:  # a FIFO is refused, never read
-        try:
-            loaded = unpickle(f)
-        except DataProtoError:
-            raise
-        except Exception as e:  # unpickling can raise anything
-            raise DecodeError(f"{path}: cannot unpickle: {e!r}") from e
-    if isinstance(loaded, (DataProto, VerlState)):
-        return DataProto(loaded.batch, loaded.non_tensor_batch, loaded.meta_info)
-    raise DecodeError(f"{path}: the pickle holds a {type(loaded).__name__}, not a DataProto")
-
-
 def _compression(name: str | None) -> str | None:
     return None if name in (None, "none") else name
 
@@ -573,8 +548,11 @@ def _convert(args: argparse.Namespace) -> int:
     elif not args.allow_pickle:
         raise PickleNotAllowedError(f"{args.input} is a Python pickle: loading it runs code the file names")
     else:
-        write_file(args.output, load_pickled_dataproto(args.input), compression=_compression(args.compression),
-                   portable=args.portable, stream=args.stream)
+        from ._container import DataProto
+
+        # a pickle of verl's DataProto (verl need not be installed) or of ours
+        write_file(args.output, DataProto.load_from_disk(args.input, allow_pickle=True),
+                   compression=_compression(args.compression), portable=args.portable, stream=args.stream)
     _report_written(args.input, args.output)
     return 0
 

@@ -27,8 +27,9 @@ import numpy as np
 import torch
 from tensordict import TensorDict, is_tensor_collection
 
-from .errors import ArgumentTypeError, BatchError
+from .errors import ArgumentTypeError, BatchError, DecodeError
 from ._container import DataProto, DataProtoItem, positive_int
+from ._verl_pickle import legacy_tensor, load_numpy_mode
 from ._verl_rules import (
     AUTO_PADDING_KEY,
     DataProtoConfig,
@@ -214,11 +215,7 @@ def serialize_tensordict(batch: TensorDict) -> tuple[tuple[int, ...], str | None
 def deserialize_single_tensor(arr: tuple) -> torch.Tensor:
     """The tensor of a :func:`serialize_single_tensor` triple (owning a copy of the bytes);
     a malformed triple raises :class:`~arrow_dataproto.DecodeError`."""
-    from .integrations.verl import legacy_tensor
-
     if not (isinstance(arr, tuple) and len(arr) == 3):
-        from .errors import DecodeError
-
         raise DecodeError(f"expected a (dtype, shape, bytes) triple, got {type(arr).__name__}")
     return legacy_tensor("tensor", arr)
 
@@ -227,6 +224,4 @@ def deserialize_tensordict(arr: tuple) -> TensorDict:
     """The TensorDict of a :func:`serialize_tensordict` tuple (tensors own their memory,
     placed on the recorded device if this process has it, else the CPU); a malformed
     tuple raises :class:`~arrow_dataproto.DecodeError`."""
-    from .integrations.verl import load_numpy_mode
-
     return load_numpy_mode(arr)
