@@ -26,47 +26,9 @@ import torch
 from tensordict import TensorDict, is_tensor_collection
 
 from . import _rows as rows
-from ._verl_rules import AUTO_PADDING_KEY, META_INFO_MERGES, DataProtoConfig, check_union
-from .errors import ArgumentTypeError, BatchError, DecodeError, KeyNotFoundError, PickleNotAllowedError, RowIndexError
-
-def _object_array(values: Any) -> np.ndarray:
-    """A numpy array of ``values``; a list becomes a 1-D object array (lists inside stay lists)."""
-    if isinstance(values, np.ndarray):
-        return values
-    if isinstance(values, (list, tuple)):
-        array = np.empty(len(values), dtype=object)
-        array[:] = list(values)
-        return array
-    raise ArgumentTypeError(f"non-tensor values must be numpy arrays or lists, got {type(values).__name__}")
-
-
-def _index_tensor(index: Any, length: int) -> torch.Tensor:
-    """A 1-D int64 index tensor from a list, numpy array or tensor of ints or bools."""
-    if isinstance(index, torch.Tensor):
-        index = index.detach().cpu()
-    else:  # np.array copies: a read-only index (a pandas mask, say) would make torch warn
-        array = np.array(index)
-        if array.dtype.kind not in "biuf":
-            raise ArgumentTypeError(f"cannot index rows with {type(index).__name__} of {array.dtype}")
-        index = torch.as_tensor(array)
-    if index.dtype == torch.bool:
-        if index.shape != (length,):
-            raise RowIndexError(f"boolean mask of shape {tuple(index.shape)} for {length} rows")
-        return index.nonzero().flatten()
-    if index.dim() != 1 or (index.numel() and (index.is_floating_point() or index.is_complex())):
-        raise RowIndexError(f"row index must be 1-D integers or a boolean mask, got {index.dtype} {tuple(index.shape)}")
-    index = index.to(torch.int64)
-    if index.numel() and not (-length <= int(index.min()) and int(index.max()) < length):
-        raise RowIndexError(f"row index out of range for {length} rows")
-    return torch.where(index < 0, index + length, index)
-
-
-def positive_int(value: Any, name: str) -> int:
-    """``value`` as an int; :class:`BatchError` naming ``name`` unless it is a positive integer."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise BatchError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
+from ._arguments import index_tensor, key_list, object_array, pick_keys, positive_int
+from ._verl_rules import AUTO_PADDING_KEY, META_INFO_MERGES, DataProtoConfig, balanced_sizes, check_union, chunk_sizes, type_info
+from .errors import ArgumentTypeError, BatchError, KeyNotFoundError, PickleNotAllowedError, RowIndexError
 
 @dataclass
 class DataProtoItem:
@@ -92,7 +54,7 @@ class DataProto:
         if batch is not None and batch.batch_dims < 1:
             raise BatchError("batch needs at least one batch dimension")
         self.batch = batch
-        self.non_tensor_batch = {k: _object_array(v) for k, v in (non_tensor_batch or {}).items()}
+        self.non_tensor_batch = {k: object_array(v) for k, v in (non_tensor_batch or {}).items()}
         self.meta_info = dict(meta_info or {})
         self.check_consistency()
 
@@ -251,7 +213,7 @@ class DataProto:
                 return self._slice(start, stop)
             return self._take(torch.arange(len(range(start, stop, step))) * step + start)
         if isinstance(item, (list, tuple, range, np.ndarray, torch.Tensor)):
-            return self._take(_index_tensor(item, length))
+            return self._take(index_tensor(item, length))
         raise ArgumentTypeError(f"Indexing with {type(item).__name__} is not supported")
 
     def slice(self, start: int | None = None, end: int | None = None, step: int | None = None) -> "DataProto":
@@ -260,7 +222,7 @@ class DataProto:
 
     def select_idxs(self, idxs: Any) -> "DataProto":
         """Rows picked by an index list/array/tensor or a boolean mask (a copy)."""
-        return self._take(_index_tensor(idxs, len(self)))
+        return self._take(index_tensor(idxs, len(self)))
 
     def reorder(self, indices: Any) -> None:
         """Keep rows ``indices`` (any index :meth:`select_idxs` takes), in place; ``meta_info`` unchanged."""
@@ -282,21 +244,7 @@ class DataProto:
         ``chunks`` pieces raises :class:`BatchError` (verl fails there too). For pieces
         that always differ by at most one row, use :meth:`array_split`.
         """
-        chunks, n = positive_int(chunks, "chunks"), len(self)
-        if not self.is_padding_enabled():
-            if n % chunks:
-                raise BatchError(f"only support equal chunk. Got size of DataProto {n} and chunk {chunks}.")
-            sizes = [n // chunks] * chunks
-        elif self.batch is None or n == 0:
-            sizes = _balanced(n, chunks)
-        else:
-            step = -(-n // chunks)
-            sizes = [min(step, n - a) for a in range(0, n, step)]
-            if len(sizes) != chunks:
-                raise BatchError(
-                    f"torch.chunk cuts {n} rows into {len(sizes)} pieces, not {chunks}: pad to a multiple of "
-                    f"{chunks} first (pad_dataproto_to_divisor) or use array_split"
-                )
+        sizes = chunk_sizes(len(self), positive_int(chunks, "chunks"), self.is_padding_enabled(), self.batch is not None)
         return self._pieces(sizes)
 
     def array_split(self, chunks: int) -> list["DataProto"]:
@@ -305,7 +253,7 @@ class DataProto:
         Each piece views its rows of this batch (no copy); pickled or sent to Ray,
         a piece carries only its own rows. More pieces than rows give empty pieces.
         """
-        return self._pieces(_balanced(len(self), positive_int(chunks, "chunks")))
+        return self._pieces(balanced_sizes(len(self), positive_int(chunks, "chunks")))
 
     def split(self, split_size: int) -> list["DataProto"]:
         """Pieces of ``split_size`` rows (the last may be shorter), each a view."""
@@ -468,8 +416,8 @@ class DataProto:
                 batch = None if batch is None else batch.select(*batch_keys)
             except KeyError as e:
                 raise KeyNotFoundError(f"batch key not found: {e}") from e
-        non_tensor = _pick(self.non_tensor_batch, non_tensor_batch_keys, "non_tensor_batch")
-        meta_info = _pick(self.meta_info, meta_info_keys, "meta_info")
+        non_tensor = pick_keys(self.non_tensor_batch, non_tensor_batch_keys, "non_tensor_batch")
+        meta_info = pick_keys(self.meta_info, meta_info_keys, "meta_info")
         result = type(self)(batch, non_tensor, meta_info)
         return _copy.deepcopy(result) if deepcopy else result
 
@@ -507,7 +455,7 @@ class DataProto:
         ``old_keys``/``new_keys``: a key or lists of keys, renamed pairwise (verl's
         rename of several keys fails). A renamed key moves to the end of the batch.
         """
-        old_keys, new_keys = _key_list(old_keys), _key_list(new_keys)
+        old_keys, new_keys = key_list(old_keys), key_list(new_keys)
         if len(old_keys) != len(new_keys):
             raise BatchError(f"new_keys and old_keys must have the same length, but got {len(new_keys)} and {len(old_keys)}")
         missing = [k for k in old_keys if self.batch is None or k not in self.batch.keys()]
@@ -521,8 +469,8 @@ class DataProto:
     def union(self, other: "DataProto") -> "DataProto":
         """Add ``other``'s keys to this DataProto (in place, returned), as verl's.
 
-        A key in both must hold equal values (tensors as in :func:`union_tensor_dict`,
-        arrays as in :func:`union_numpy_dict`, ``meta_info`` with ``==``), else
+        A key in both must hold equal values (tensors as in :func:`~arrow_dataproto.verl_api.union_tensor_dict`,
+        arrays as in :func:`~arrow_dataproto.verl_api.union_numpy_dict`, ``meta_info`` with ``==``), else
         :class:`BatchError` and nothing changes; tensors already here are kept, arrays
         and ``meta_info`` values are taken from ``other``. A side without a batch takes
         the other's (verl fails there).
@@ -574,18 +522,9 @@ class DataProto:
                 f"{os.fspath(filepath)!r} is not an Arrow file; if verl's save_to_disk wrote it (a pickle), "
                 "pass allow_pickle=True to load it (only for files you trust)"
             )
-        from ._verl_pickle import VerlState, unpickle
+        from ._verl_pickle import load_pickle
 
-        with open(filepath, "rb") as f:
-            try:
-                loaded = unpickle(f)
-            except DecodeError as e:  # every error of a damaged pickle (unpickle's contract)
-                raise DecodeError(f"{os.fspath(filepath)!r} is neither an Arrow file nor a readable DataProto pickle: {e}") from e
-        if isinstance(loaded, DataProto):
-            return loaded
-        if isinstance(loaded, VerlState):
-            return assemble(DataProto, loaded.batch, loaded.non_tensor_batch, loaded.meta_info)
-        raise DecodeError(f"{os.fspath(filepath)!r}: the pickle holds a {type(loaded).__name__}, not a DataProto")
+        return load_pickle(filepath)
 
     def to_pandas(self, *, copy: bool = False):
         """One DataFrame row per sample: :func:`arrow_dataproto.pandas.to_pandas` (needs pandas)."""
@@ -596,7 +535,7 @@ class DataProto:
     def print_size(self, prefix: str = "") -> None:
         """Print the bytes of the batch's tensors and of the non-tensor arrays, in GB, as verl's."""
         tensors = 0 if self.batch is None else sum(
-            _nbytes(t) for t in self.batch.values(include_nested=True, leaves_only=True) if isinstance(t, torch.Tensor)
+            rows.nbytes(t) for t in self.batch.values(include_nested=True, leaves_only=True) if isinstance(t, torch.Tensor)
         )
         arrays = sum(v.nbytes for v in self.non_tensor_batch.values())
         message = f"Size of tensordict: {tensors / 1024**3} GB, size of non_tensor_batch: {arrays / 1024**3} GB"
@@ -610,7 +549,7 @@ class DataProto:
         lines.append("non_tensor_batch")
         lines += [f"  {key}: ndarray{array.shape} ({array.dtype})" for key, array in self.non_tensor_batch.items()]
         lines.append("meta_info")
-        lines += [f"  {key}: {_type_info(value)}" for key, value in self.meta_info.items()]
+        lines += [f"  {key}: {type_info(value)}" for key, value in self.meta_info.items()]
         return "\n".join(lines)
 
     def __copy__(self) -> "DataProto":
@@ -635,23 +574,18 @@ class DataProto:
 
 
 def assemble(cls: type, batch: TensorDict | None, non_tensor_batch: dict, meta_info: dict) -> Any:
-    """An instance of ``cls`` holding decoded parts: how every decoder (:func:`~arrow_dataproto.from_arrow`,
-    unpickling, :meth:`DataProto.load_from_disk`) and both converters between verl's class and
-    ours wrap the three fields.
+    """An instance of ``cls`` holding decoded parts, as every decoder (:func:`~arrow_dataproto.from_arrow`,
+    unpickling, :meth:`DataProto.load_from_disk`) and both converters between verl's class and ours build it.
 
-    Our :class:`DataProto` (or a subclass) is built by its constructor, which checks the parts
-    (:class:`BatchError`) and puts them in new dicts; any other class (verl's ``DataProto``) is
-    built as unpickling builds it: ``cls.__new__`` and the three attributes set to the parts
-    themselves, its constructor and its checks not run.
+    Our :class:`DataProto` (or a subclass) goes through its constructor, which checks the parts
+    (:class:`BatchError`) and puts them in new dicts; any other class (verl's) is built as unpickling
+    builds it: ``cls.__new__``, the three attributes set to the parts themselves, no constructor run.
     """
     if issubclass(cls, DataProto):
         return cls(batch, non_tensor_batch, meta_info)
     obj: Any = cls.__new__(cls)  # verl's DataProto, untyped here
     obj.batch, obj.non_tensor_batch, obj.meta_info = batch, non_tensor_batch, meta_info
     return obj
-
-
-# ---------------------------------------------------------------- helpers
 
 
 class _TakeRows:
@@ -662,51 +596,3 @@ class _TakeRows:
 
     def __call__(self, indices: list[int]) -> DataProto:
         return self.data.select_idxs(torch.as_tensor(indices, dtype=torch.int64))
-
-
-def _pick(values: dict, keys: Iterable[str] | None, name: str) -> dict:
-    if keys is None:
-        return values
-    keys = list(keys)
-    missing = [k for k in keys if k not in values]
-    if missing:
-        raise KeyNotFoundError(f"{name} keys {missing} not found")
-    return {k: v for k, v in values.items() if k in keys}
-
-
-def _key_list(keys: Any) -> list:
-    if isinstance(keys, str):
-        return [keys]
-    if isinstance(keys, list):
-        return keys
-    raise ArgumentTypeError(f"keys must be a list or a string, but got {type(keys)}")
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    if t.is_nested:
-        count = t.values().numel() if t.layout == torch.jagged else sum(r.numel() for r in t.unbind())
-        return count * t.element_size()
-    return t.numel() * t.element_size()
-
-
-def _type_info(value: Any) -> str:
-    """A value's type, with the element types of lists (first three), tuples and dicts (first item)."""
-    if isinstance(value, list):
-        kinds = {_type_info(v) for v in value[:3]}
-        return f"list[{'|'.join(kinds) if kinds else '...'}]"
-    if isinstance(value, tuple):
-        return f"tuple({', '.join(_type_info(v) for v in value)})"
-    if isinstance(value, dict):
-        if not value:
-            return "dict"
-        key, item = next(iter(value.items()))
-        return f"dict[{_type_info(key)}: {_type_info(item)}]"
-    if isinstance(value, np.ndarray):
-        return f"ndarray{value.shape} ({value.dtype})"
-    return type(value).__name__
-
-
-def _balanced(length: int, chunks: int) -> list[int]:
-    """``chunks`` sizes adding up to ``length``, the first ``length % chunks`` one larger (``numpy.array_split``'s)."""
-    size, extra = divmod(length, chunks)
-    return [size + (i < extra) for i in range(chunks)]

@@ -12,6 +12,7 @@ when a state is decoded, not with this module (the Ray setup hook imports it).
 
 from __future__ import annotations
 
+import os
 import pickle
 import types
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,8 @@ from .errors import DecodeError, column_error
 if TYPE_CHECKING:
     import torch
     from tensordict import TensorDict
+
+    from ._container import DataProto
 
 
 def load_state(self: Any, state: Any) -> None:
@@ -96,6 +99,27 @@ def unpickle(file: Any) -> Any:
         raise
     except Exception as e:  # noqa: BLE001 -- a damaged pickle can raise anything the objects it names raise
         raise DecodeError(f"not a readable DataProto pickle: {type(e).__name__}: {e}") from e
+
+
+def load_pickle(path: str | os.PathLike) -> DataProto:
+    """The DataProto pickled in the file at ``path``, by verl's ``save_to_disk`` (either mode;
+    verl need not be installed) or by ``pickle.dump`` of ours, as our :class:`DataProto`.
+
+    This runs whatever code the file names (see :func:`unpickle`): only for files you trust.
+    A file that is no readable pickle, or holds something else, raises :class:`DecodeError`.
+    """
+    from ._container import DataProto, assemble  # the container imports this module when it reads a pickle
+
+    with open(path, "rb") as f:
+        try:
+            loaded = unpickle(f)
+        except DecodeError as e:  # every error of a damaged pickle (unpickle's contract)
+            raise DecodeError(f"{os.fspath(path)!r} is neither an Arrow file nor a readable DataProto pickle: {e}") from e
+    if isinstance(loaded, DataProto):
+        return loaded
+    if isinstance(loaded, VerlState):
+        return assemble(DataProto, loaded.batch, loaded.non_tensor_batch, loaded.meta_info)
+    raise DecodeError(f"{os.fspath(path)!r}: the pickle holds a {type(loaded).__name__}, not a DataProto")
 
 
 # ---------------------------------------------------------------- numpy rebuilt with checks

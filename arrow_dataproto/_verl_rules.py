@@ -1,5 +1,6 @@
-"""verl's rules that are not methods of ``DataProto``: the padding switch, equality of
-values, the union of two batches, and how concatenation merges ``meta_info``.
+"""verl's rules that are not methods of ``DataProto``: the padding switch and chunk sizes,
+equality of values, the union of two batches, how concatenation merges ``meta_info``, and
+how ``get_data_info`` names a value's type.
 
 :class:`~arrow_dataproto.DataProto` applies them; :mod:`arrow_dataproto.verl_api` is
 their public home (``from verl.protocol import union_numpy_dict`` becomes
@@ -45,6 +46,51 @@ class DataProtoConfig(metaclass=_ConfigMeta):
     environment variable ``VERL_AUTO_PADDING=1``) lets :meth:`DataProto.chunk` split
     unevenly for every DataProto; ``meta_info[AUTO_PADDING_KEY]`` does it for one.
     This is a separate switch from verl's own ``verl.protocol.DataProtoConfig``."""
+
+
+def chunk_sizes(length: int, chunks: int, padding: bool, has_batch: bool) -> list[int]:
+    """The row counts of verl's ``DataProto.chunk`` into ``chunks`` pieces: equal ones, else
+    :class:`BatchError`; with ``padding`` enabled, as ``torch.chunk`` sizes them (``ceil(length
+    / chunks)``, the last fewer), or as :func:`balanced_sizes` without a batch (or rows). A length
+    ``torch.chunk`` cannot cut into exactly ``chunks`` pieces raises :class:`BatchError`."""
+    if not padding:
+        if length % chunks:
+            raise BatchError(f"only support equal chunk. Got size of DataProto {length} and chunk {chunks}.")
+        return [length // chunks] * chunks
+    if not has_batch or length == 0:
+        return balanced_sizes(length, chunks)
+    step = -(-length // chunks)
+    sizes = [min(step, length - a) for a in range(0, length, step)]
+    if len(sizes) != chunks:
+        raise BatchError(
+            f"torch.chunk cuts {length} rows into {len(sizes)} pieces, not {chunks}: pad to a multiple of "
+            f"{chunks} first (pad_dataproto_to_divisor) or use array_split"
+        )
+    return sizes
+
+
+def balanced_sizes(length: int, chunks: int) -> list[int]:
+    """``chunks`` sizes adding up to ``length``, the first ``length % chunks`` one larger (``numpy.array_split``'s)."""
+    size, extra = divmod(length, chunks)
+    return [size + (i < extra) for i in range(chunks)]
+
+
+def type_info(value: Any) -> str:
+    """A value's type as verl's ``get_data_info`` names it, with the element types of lists
+    (first three), tuples and dicts (first item), and the shape and dtype of numpy arrays."""
+    if isinstance(value, list):
+        kinds = {type_info(v) for v in value[:3]}
+        return f"list[{'|'.join(kinds) if kinds else '...'}]"
+    if isinstance(value, tuple):
+        return f"tuple({', '.join(type_info(v) for v in value)})"
+    if isinstance(value, dict):
+        if not value:
+            return "dict"
+        key, item = next(iter(value.items()))
+        return f"dict[{type_info(key)}: {type_info(item)}]"
+    if isinstance(value, np.ndarray):
+        return f"ndarray{value.shape} ({value.dtype})"
+    return type(value).__name__
 
 
 # ---------------------------------------------------------------- equality

@@ -28,7 +28,8 @@ import torch
 from tensordict import TensorDict, is_tensor_collection
 
 from .errors import ArgumentTypeError, BatchError, DecodeError
-from ._container import DataProto, DataProtoItem, positive_int
+from ._arguments import positive_int
+from ._container import DataProto, DataProtoItem
 from ._verl_pickle import legacy_tensor, load_numpy_mode
 from ._verl_rules import (
     AUTO_PADDING_KEY,
