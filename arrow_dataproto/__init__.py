@@ -54,7 +54,8 @@ _LAZY = {
     "_decoding": ("from_arrow", "from_ipc"),
     "_format": ("FORMAT_VERSION",),
     "_restore": ("StoredFormWarning",),
-    "_container": ("DataProto", "DataProtoConfig", "DataProtoItem"),
+    "_container": ("DataProto", "DataProtoItem"),
+    "_verl_rules": ("DataProtoConfig",),
     "pickling": (
         "ReceiveMode", "ReceiveOptions", "get_receive_options", "receive_mode", "receive_options", "set_receive_options"
     ),
@@ -64,10 +65,11 @@ _NAMESPACES = ("files", "pandas", "polars", "transport", "ray_data", "testing", 
 
 if TYPE_CHECKING:
     from ._codec import to_arrow, to_ipc
-    from ._container import DataProto, DataProtoConfig, DataProtoItem
+    from ._container import DataProto, DataProtoItem
     from ._decoding import from_arrow, from_ipc
     from ._format import FORMAT_VERSION
     from ._restore import StoredFormWarning
+    from ._verl_rules import DataProtoConfig
     from .pickling import (
         ReceiveMode,
         ReceiveOptions,

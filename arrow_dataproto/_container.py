@@ -17,83 +17,18 @@ and also derive from what verl raises (mostly ``AssertionError``).
 from __future__ import annotations
 
 import copy as _copy
-import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence, SupportsIndex, cast, overload
+from typing import Any, Iterable, Iterator, Sequence, SupportsIndex, cast, overload
 
 import numpy as np
 import torch
 from tensordict import TensorDict, is_tensor_collection
 
 from . import _rows as rows
-from .errors import ArgumentTypeError, BatchError, DecodeError, KeyNotFoundError, PickleNotAllowedError, RowIndexError
-
-AUTO_PADDING_KEY = "_verl_auto_padding"
-"""The ``meta_info`` key that enables padding for one DataProto (verl's key, so it travels between the two)."""
-
-
-class _ConfigMeta(type):
-    _config: dict = {}
-    auto_padding_key = AUTO_PADDING_KEY
-
-    @property
-    def auto_padding(cls) -> bool:
-        by_env = os.getenv("VERL_AUTO_PADDING", "FALSE").upper() in ("TRUE", "1")
-        return by_env or cls._config.get(cls.auto_padding_key, False)
-
-    @auto_padding.setter
-    def auto_padding(cls, enabled: bool) -> None:
-        if not isinstance(enabled, bool):
-            raise BatchError(f"enabled must be a boolean, got {enabled!r} as {type(enabled).__name__}")
-        cls._config[cls.auto_padding_key] = enabled
-
-
-class DataProtoConfig(metaclass=_ConfigMeta):
-    """Process-wide settings, as verl's: ``DataProtoConfig.auto_padding = True`` (or the
-    environment variable ``VERL_AUTO_PADDING=1``) lets :meth:`DataProto.chunk` split
-    unevenly for every DataProto; ``meta_info[AUTO_PADDING_KEY]`` does it for one.
-    This is a separate switch from verl's own ``verl.protocol.DataProtoConfig``."""
-
-
-def _object_array(values: Any) -> np.ndarray:
-    """A numpy array of ``values``; a list becomes a 1-D object array (lists inside stay lists)."""
-    if isinstance(values, np.ndarray):
-        return values
-    if isinstance(values, (list, tuple)):
-        array = np.empty(len(values), dtype=object)
-        array[:] = list(values)
-        return array
-    raise ArgumentTypeError(f"non-tensor values must be numpy arrays or lists, got {type(values).__name__}")
-
-
-def _index_tensor(index: Any, length: int) -> torch.Tensor:
-    """A 1-D int64 index tensor from a list, numpy array or tensor of ints or bools."""
-    if isinstance(index, torch.Tensor):
-        index = index.detach().cpu()
-    else:  # np.array copies: a read-only index (a pandas mask, say) would make torch warn
-        array = np.array(index)
-        if array.dtype.kind not in "biuf":
-            raise ArgumentTypeError(f"cannot index rows with {type(index).__name__} of {array.dtype}")
-        index = torch.as_tensor(array)
-    if index.dtype == torch.bool:
-        if index.shape != (length,):
-            raise RowIndexError(f"boolean mask of shape {tuple(index.shape)} for {length} rows")
-        return index.nonzero().flatten()
-    if index.dim() != 1 or (index.numel() and (index.is_floating_point() or index.is_complex())):
-        raise RowIndexError(f"row index must be 1-D integers or a boolean mask, got {index.dtype} {tuple(index.shape)}")
-    index = index.to(torch.int64)
-    if index.numel() and not (-length <= int(index.min()) and int(index.max()) < length):
-        raise RowIndexError(f"row index out of range for {length} rows")
-    return torch.where(index < 0, index + length, index)
-
-
-def positive_int(value: Any, name: str) -> int:
-    """``value`` as an int; :class:`BatchError` naming ``name`` unless it is a positive integer."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise BatchError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
+from ._arguments import index_tensor, key_list, object_array, pick_keys, positive_int
+from ._verl_rules import AUTO_PADDING_KEY, META_INFO_MERGES, DataProtoConfig, balanced_sizes, check_union, chunk_sizes, type_info
+from .errors import ArgumentTypeError, BatchError, KeyNotFoundError, PickleNotAllowedError, RowIndexError
 
 @dataclass
 class DataProtoItem:
@@ -119,7 +54,7 @@ class DataProto:
         if batch is not None and batch.batch_dims < 1:
             raise BatchError("batch needs at least one batch dimension")
         self.batch = batch
-        self.non_tensor_batch = {k: _object_array(v) for k, v in (non_tensor_batch or {}).items()}
+        self.non_tensor_batch = {k: object_array(v) for k, v in (non_tensor_batch or {}).items()}
         self.meta_info = dict(meta_info or {})
         self.check_consistency()
 
@@ -278,7 +213,7 @@ class DataProto:
                 return self._slice(start, stop)
             return self._take(torch.arange(len(range(start, stop, step))) * step + start)
         if isinstance(item, (list, tuple, range, np.ndarray, torch.Tensor)):
-            return self._take(_index_tensor(item, length))
+            return self._take(index_tensor(item, length))
         raise ArgumentTypeError(f"Indexing with {type(item).__name__} is not supported")
 
     def slice(self, start: int | None = None, end: int | None = None, step: int | None = None) -> "DataProto":
@@ -287,7 +222,7 @@ class DataProto:
 
     def select_idxs(self, idxs: Any) -> "DataProto":
         """Rows picked by an index list/array/tensor or a boolean mask (a copy)."""
-        return self._take(_index_tensor(idxs, len(self)))
+        return self._take(index_tensor(idxs, len(self)))
 
     def reorder(self, indices: Any) -> None:
         """Keep rows ``indices`` (any index :meth:`select_idxs` takes), in place; ``meta_info`` unchanged."""
@@ -309,21 +244,7 @@ class DataProto:
         ``chunks`` pieces raises :class:`BatchError` (verl fails there too). For pieces
         that always differ by at most one row, use :meth:`array_split`.
         """
-        chunks, n = positive_int(chunks, "chunks"), len(self)
-        if not self.is_padding_enabled():
-            if n % chunks:
-                raise BatchError(f"only support equal chunk. Got size of DataProto {n} and chunk {chunks}.")
-            sizes = [n // chunks] * chunks
-        elif self.batch is None or n == 0:
-            sizes = _balanced(n, chunks)
-        else:
-            step = -(-n // chunks)
-            sizes = [min(step, n - a) for a in range(0, n, step)]
-            if len(sizes) != chunks:
-                raise BatchError(
-                    f"torch.chunk cuts {n} rows into {len(sizes)} pieces, not {chunks}: pad to a multiple of "
-                    f"{chunks} first (pad_dataproto_to_divisor) or use array_split"
-                )
+        sizes = chunk_sizes(len(self), positive_int(chunks, "chunks"), self.is_padding_enabled(), self.batch is not None)
         return self._pieces(sizes)
 
     def array_split(self, chunks: int) -> list["DataProto"]:
@@ -332,7 +253,7 @@ class DataProto:
         Each piece views its rows of this batch (no copy); pickled or sent to Ray,
         a piece carries only its own rows. More pieces than rows give empty pieces.
         """
-        return self._pieces(_balanced(len(self), positive_int(chunks, "chunks")))
+        return self._pieces(balanced_sizes(len(self), positive_int(chunks, "chunks")))
 
     def split(self, split_size: int) -> list["DataProto"]:
         """Pieces of ``split_size`` rows (the last may be shorter), each a view."""
@@ -354,9 +275,9 @@ class DataProto:
         if not data:
             raise BatchError("concat needs at least one DataProto")
         try:
-            merge = _META_INFO_MERGES[meta_info]
+            merge = META_INFO_MERGES[meta_info]
         except (KeyError, TypeError):
-            raise ArgumentTypeError(f"meta_info must be one of {sorted(_META_INFO_MERGES)}, got {meta_info!r}") from None
+            raise ArgumentTypeError(f"meta_info must be one of {sorted(META_INFO_MERGES)}, got {meta_info!r}") from None
         batches = [d.batch for d in data if d.batch is not None]
         if len(batches) not in (0, len(data)):
             raise BatchError("cannot concatenate DataProtos with and without a batch")
@@ -495,8 +416,8 @@ class DataProto:
                 batch = None if batch is None else batch.select(*batch_keys)
             except KeyError as e:
                 raise KeyNotFoundError(f"batch key not found: {e}") from e
-        non_tensor = _pick(self.non_tensor_batch, non_tensor_batch_keys, "non_tensor_batch")
-        meta_info = _pick(self.meta_info, meta_info_keys, "meta_info")
+        non_tensor = pick_keys(self.non_tensor_batch, non_tensor_batch_keys, "non_tensor_batch")
+        meta_info = pick_keys(self.meta_info, meta_info_keys, "meta_info")
         result = type(self)(batch, non_tensor, meta_info)
         return _copy.deepcopy(result) if deepcopy else result
 
@@ -534,7 +455,7 @@ class DataProto:
         ``old_keys``/``new_keys``: a key or lists of keys, renamed pairwise (verl's
         rename of several keys fails). A renamed key moves to the end of the batch.
         """
-        old_keys, new_keys = _key_list(old_keys), _key_list(new_keys)
+        old_keys, new_keys = key_list(old_keys), key_list(new_keys)
         if len(old_keys) != len(new_keys):
             raise BatchError(f"new_keys and old_keys must have the same length, but got {len(new_keys)} and {len(old_keys)}")
         missing = [k for k in old_keys if self.batch is None or k not in self.batch.keys()]
@@ -548,18 +469,13 @@ class DataProto:
     def union(self, other: "DataProto") -> "DataProto":
         """Add ``other``'s keys to this DataProto (in place, returned), as verl's.
 
-        A key in both must hold equal values (tensors as in :func:`union_tensor_dict`,
-        arrays as in :func:`union_numpy_dict`, ``meta_info`` with ``==``), else
+        A key in both must hold equal values (tensors as in :func:`~arrow_dataproto.verl_api.union_tensor_dict`,
+        arrays as in :func:`~arrow_dataproto.verl_api.union_numpy_dict`, ``meta_info`` with ``==``), else
         :class:`BatchError` and nothing changes; tensors already here are kept, arrays
         and ``meta_info`` values are taken from ``other``. A side without a batch takes
         the other's (verl fails there).
         """
-        if len(self) != len(other) and _has_rows(self) and _has_rows(other):
-            raise BatchError(f"cannot union {len(self)} rows with {len(other)} rows")
-        if self.batch is not None and other.batch is not None:
-            _check_tensor_union(self.batch, other.batch)
-        _check_union(self.non_tensor_batch, other.non_tensor_batch, _numpy_conflict)
-        _check_union(self.meta_info, other.meta_info, _meta_conflict)
+        check_union(self, other)
         if self.batch is None:
             self.batch = other.batch
         elif other.batch is not None:
@@ -606,18 +522,9 @@ class DataProto:
                 f"{os.fspath(filepath)!r} is not an Arrow file; if verl's save_to_disk wrote it (a pickle), "
                 "pass allow_pickle=True to load it (only for files you trust)"
             )
-        from .integrations.verl import VerlState, unpickle
+        from ._verl_pickle import load_pickle
 
-        with open(filepath, "rb") as f:
-            try:
-                loaded = unpickle(f)
-            except DecodeError as e:  # every error of a damaged pickle (unpickle's contract)
-                raise DecodeError(f"{os.fspath(filepath)!r} is neither an Arrow file nor a readable DataProto pickle: {e}") from e
-        if isinstance(loaded, DataProto):
-            return loaded
-        if isinstance(loaded, VerlState):
-            return DataProto(loaded.batch, loaded.non_tensor_batch, loaded.meta_info)
-        raise DecodeError(f"{os.fspath(filepath)!r} holds a pickled {type(loaded).__name__}, not a DataProto")
+        return load_pickle(filepath)
 
     def to_pandas(self, *, copy: bool = False):
         """One DataFrame row per sample: :func:`arrow_dataproto.pandas.to_pandas` (needs pandas)."""
@@ -628,7 +535,7 @@ class DataProto:
     def print_size(self, prefix: str = "") -> None:
         """Print the bytes of the batch's tensors and of the non-tensor arrays, in GB, as verl's."""
         tensors = 0 if self.batch is None else sum(
-            _nbytes(t) for t in self.batch.values(include_nested=True, leaves_only=True) if isinstance(t, torch.Tensor)
+            rows.nbytes(t) for t in self.batch.values(include_nested=True, leaves_only=True) if isinstance(t, torch.Tensor)
         )
         arrays = sum(v.nbytes for v in self.non_tensor_batch.values())
         message = f"Size of tensordict: {tensors / 1024**3} GB, size of non_tensor_batch: {arrays / 1024**3} GB"
@@ -642,7 +549,7 @@ class DataProto:
         lines.append("non_tensor_batch")
         lines += [f"  {key}: ndarray{array.shape} ({array.dtype})" for key, array in self.non_tensor_batch.items()]
         lines.append("meta_info")
-        lines += [f"  {key}: {_type_info(value)}" for key, value in self.meta_info.items()]
+        lines += [f"  {key}: {type_info(value)}" for key, value in self.meta_info.items()]
         return "\n".join(lines)
 
     def __copy__(self) -> "DataProto":
@@ -666,150 +573,19 @@ class DataProto:
         )
 
 
-# ---------------------------------------------------------------- merging values (verl's union rules)
+def assemble(cls: type, batch: TensorDict | None, non_tensor_batch: dict, meta_info: dict) -> Any:
+    """An instance of ``cls`` holding decoded parts, as every decoder (:func:`~arrow_dataproto.from_arrow`,
+    unpickling, :meth:`DataProto.load_from_disk`) and both converters between verl's class and ours build it.
 
-
-def values_equal(a: Any, b: Any, _seen: set[int] | None = None) -> bool:
-    """verl's equality for non-tensor values: same type, NaN equals NaN, numpy arrays
-    compared by dtype, shape and (recursively, for object arrays) elements; a value
-    met again inside itself counts as equal. Other values compare with ``==``."""
-    if type(a) is not type(b):
-        return False
-    seen = set() if _seen is None else _seen
-    if id(a) in seen:
-        return True
-    seen.add(id(a))
-    try:
-        if isinstance(a, float):
-            return a == b or (math.isnan(a) and math.isnan(b))
-        if isinstance(a, np.ndarray):
-            if a.dtype != b.dtype or a.shape != b.shape:
-                return False
-            if a.dtype == object:
-                return all(values_equal(x, y, seen) for x, y in zip(a.flat, b.flat))
-            return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
-        return bool(a == b)
-    finally:
-        seen.discard(id(a))
-
-
-def _meta_equal(a: Any, b: Any) -> bool:
-    """``a == b`` as verl compares ``meta_info`` values, where that is a plain truth value;
-    arrays, tensors and containers of them compare by :func:`values_equal` / ``torch.equal``."""
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return _same_tensor(a, b)
-    try:
-        return bool(a == b)
-    except (ValueError, RuntimeError, TypeError):  # an array's == is elementwise
-        return values_equal(a, b)
-
-
-def union_tensor_dict(tensor_dict1: TensorDict, tensor_dict2: TensorDict) -> TensorDict:
-    """Add ``tensor_dict2``'s keys to ``tensor_dict1`` (in place, returned), as verl's.
-
-    The batch sizes must be equal and a key in both must hold equal tensors (the
-    same object, or ``torch.equal``; jagged/strided and nested TensorDicts row by
-    row), else :class:`BatchError` and nothing changes; ``tensor_dict1`` keeps its
-    own tensor for such a key.
+    Our :class:`DataProto` (or a subclass) goes through its constructor, which checks the parts
+    (:class:`BatchError`) and puts them in new dicts; any other class (verl's) is built as unpickling
+    builds it: ``cls.__new__``, the three attributes set to the parts themselves, no constructor run.
     """
-    _check_tensor_union(tensor_dict1, tensor_dict2)
-    for key in tensor_dict2.keys():
-        if key not in tensor_dict1.keys():
-            tensor_dict1[key] = tensor_dict2[key]
-    return tensor_dict1
-
-
-def union_numpy_dict(tensor_dict1: dict[str, np.ndarray], tensor_dict2: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Add ``tensor_dict2``'s arrays to ``tensor_dict1`` (in place, returned), as verl's:
-    a key in both must hold numpy arrays equal by :func:`values_equal` (else
-    :class:`BatchError` and nothing changes), and takes ``tensor_dict2``'s array."""
-    _check_union(tensor_dict1, tensor_dict2, _numpy_conflict)
-    tensor_dict1.update(tensor_dict2)
-    return tensor_dict1
-
-
-def union_two_dict(dict1: dict, dict2: dict) -> dict:
-    """Add ``dict2``'s items to ``dict1`` (in place, returned); a key in both must hold
-    equal values (``==``), else :class:`BatchError` and nothing changes."""
-    _check_union(dict1, dict2, _meta_conflict)
-    dict1.update(dict2)
-    return dict1
-
-
-def _check_tensor_union(td1: TensorDict, td2: TensorDict) -> None:
-    if td1.batch_size != td2.batch_size:
-        raise BatchError(f"Two tensor dict must have identical batch size. Got {td1.batch_size} and {td2.batch_size}")
-    for key in td2.keys():
-        if key in td1.keys() and not _same_tensor(td1[key], td2[key]):
-            raise BatchError(f"{key} in tensor_dict1 and tensor_dict2 are not the same object")
-
-
-def _numpy_conflict(key: str, a: Any, b: Any) -> str | None:
-    if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
-        return f"`{key}`: both values must be numpy arrays"
-    return None if values_equal(a, b) else f"`{key}` in tensor_dict1 and tensor_dict2 are not the same object."
-
-
-def _meta_conflict(key: str, a: Any, b: Any) -> str | None:
-    return None if _meta_equal(a, b) else f"{key} in meta_dict1 and meta_dict2 are not the same object"
-
-
-def _check_union(dict1: dict, dict2: dict, conflict: Callable[[str, Any, Any], str | None]) -> None:
-    for key, value in dict2.items():
-        message = conflict(key, dict1[key], value) if key in dict1 else None
-        if message:
-            raise BatchError(message)
-
-
-def _has_rows(data: DataProto) -> bool:
-    return data.batch is not None or bool(data.non_tensor_batch)
-
-
-def list_of_dict_to_dict_of_list(list_of_dict: list[dict]) -> dict[str, list]:
-    """``[{a: 1, b: 2}, {a: 3}]`` -> ``{a: [1, 3], b: [2]}``; keys are the first dict's,
-    a key absent from it raises :class:`BatchError` (as verl asserts)."""
-    if not list_of_dict:
-        return {}
-    if not all(isinstance(d, dict) for d in list_of_dict):
-        raise BatchError(f"expected a list of dicts, got {[type(d).__name__ for d in list_of_dict]}")
-    output: dict[str, list] = {key: [] for key in list_of_dict[0]}
-    for d in list_of_dict:
-        for key, value in d.items():
-            if key not in output:
-                raise BatchError(f"Key '{key}' is not present in the keys of the first dictionary in the list.")
-            output[key].append(value)
-    return output
-
-
-def _merge_meta_info(metas: list[dict]) -> dict:
-    """verl's concat: metrics gathered into a dict of lists, other keys must agree."""
-    merged: dict = {}
-    metrics: list = []
-    for meta in metas:
-        for key, value in meta.items():
-            if key == "metrics":
-                if value is not None:
-                    metrics.extend(value) if isinstance(value, list) else metrics.append(value)
-            elif key not in merged:
-                merged[key] = value
-            elif not _meta_equal(merged[key], value):
-                raise BatchError(f"Conflicting values for meta_info key '{key}'")
-    if metrics:
-        merged["metrics"] = list_of_dict_to_dict_of_list(metrics)
-    return merged
-
-
-def _update_meta_info(metas: list[dict]) -> dict:
-    merged: dict = {}
-    for meta in metas:
-        merged.update(meta)
-    return merged
-
-
-_META_INFO_MERGES: dict[str, Callable[[list[dict]], dict]] = {"merge": _merge_meta_info, "update": _update_meta_info}
-
-
-# ---------------------------------------------------------------- helpers
+    if issubclass(cls, DataProto):
+        return cls(batch, non_tensor_batch, meta_info)
+    obj: Any = cls.__new__(cls)  # verl's DataProto, untyped here
+    obj.batch, obj.non_tensor_batch, obj.meta_info = batch, non_tensor_batch, meta_info
+    return obj
 
 
 class _TakeRows:
@@ -820,72 +596,3 @@ class _TakeRows:
 
     def __call__(self, indices: list[int]) -> DataProto:
         return self.data.select_idxs(torch.as_tensor(indices, dtype=torch.int64))
-
-
-def _pick(values: dict, keys: Iterable[str] | None, name: str) -> dict:
-    if keys is None:
-        return values
-    keys = list(keys)
-    missing = [k for k in keys if k not in values]
-    if missing:
-        raise KeyNotFoundError(f"{name} keys {missing} not found")
-    return {k: v for k, v in values.items() if k in keys}
-
-
-def _key_list(keys: Any) -> list:
-    if isinstance(keys, str):
-        return [keys]
-    if isinstance(keys, list):
-        return keys
-    raise ArgumentTypeError(f"keys must be a list or a string, but got {type(keys)}")
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    if t.is_nested:
-        count = t.values().numel() if t.layout == torch.jagged else sum(r.numel() for r in t.unbind())
-        return count * t.element_size()
-    return t.numel() * t.element_size()
-
-
-def _type_info(value: Any) -> str:
-    """A value's type, with the element types of lists (first three), tuples and dicts (first item)."""
-    if isinstance(value, list):
-        kinds = {_type_info(v) for v in value[:3]}
-        return f"list[{'|'.join(kinds) if kinds else '...'}]"
-    if isinstance(value, tuple):
-        return f"tuple({', '.join(_type_info(v) for v in value)})"
-    if isinstance(value, dict):
-        if not value:
-            return "dict"
-        key, item = next(iter(value.items()))
-        return f"dict[{_type_info(key)}: {_type_info(item)}]"
-    if isinstance(value, np.ndarray):
-        return f"ndarray{value.shape} ({value.dtype})"
-    return type(value).__name__
-
-
-def _balanced(length: int, chunks: int) -> list[int]:
-    """``chunks`` sizes adding up to ``length``, the first ``length % chunks`` one larger (``numpy.array_split``'s)."""
-    size, extra = divmod(length, chunks)
-    return [size + (i < extra) for i in range(chunks)]
-
-
-def _same_tensor(a: Any, b: Any) -> bool:
-    """Whether two batch values (tensors, dense or nested, or nested TensorDicts) hold equal data.
-
-    Typed ``Any``: TensorDict's classes have dynamic base classes, so no
-    ``isinstance`` check narrows a ``Tensor | TensorDict`` for a type checker.
-    """
-    if a is b:
-        return True
-    if is_tensor_collection(a) or is_tensor_collection(b):  # a nested TensorDict: same keys, same leaves
-        return (
-            is_tensor_collection(a)
-            and is_tensor_collection(b)
-            and set(a.keys()) == set(b.keys())
-            and all(_same_tensor(a[k], b[k]) for k in a.keys())
-        )
-    if a.is_nested or b.is_nested:
-        ra, rb = a.unbind(), b.unbind()
-        return len(ra) == len(rb) and all(torch.equal(x, y) for x, y in zip(ra, rb))
-    return a.shape == b.shape and torch.equal(a, b)

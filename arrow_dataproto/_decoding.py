@@ -10,7 +10,7 @@ import torch
 
 from . import _restore
 from ._codec import as_record_batch, decode, read_stream
-from ._container import DataProto
+from ._container import DataProto, assemble
 from ._format import is_foreign, resolve_columns
 
 
@@ -81,7 +81,7 @@ def from_arrow(
     batch, non_tensor_batch, meta_info = decode(
         record_batch, columns=columns, device=device, copy=copy, allow_pickle=allow_pickle, schema=original
     )
-    return DataProto(batch=batch, non_tensor_batch=non_tensor_batch, meta_info=meta_info)
+    return assemble(DataProto, batch, non_tensor_batch, meta_info)
 
 
 def from_ipc(

@@ -126,3 +126,11 @@ def cat_rows(tds: list[TensorDict], shared: Shared | None = None) -> TensorDict:
     }
     rows = sum(td.batch_size[0] for td in tds)
     return TensorDict(content, batch_size=[rows, *first.batch_size[1:]], device=first.device)
+
+
+def nbytes(t: torch.Tensor) -> int:
+    """The bytes of a tensor's values, dense or nested (jagged: its values; strided: its rows)."""
+    if t.is_nested:
+        count = t.values().numel() if t.layout == torch.jagged else sum(r.numel() for r in t.unbind())
+        return count * t.element_size()
+    return t.numel() * t.element_size()

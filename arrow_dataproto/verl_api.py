@@ -27,13 +27,13 @@ import numpy as np
 import torch
 from tensordict import TensorDict, is_tensor_collection
 
-from .errors import ArgumentTypeError, BatchError
-from ._container import (
+from .errors import ArgumentTypeError, BatchError, DecodeError
+from ._arguments import positive_int
+from ._container import DataProto, DataProtoItem
+from ._verl_pickle import legacy_tensor, load_numpy_mode
+from ._verl_rules import (
     AUTO_PADDING_KEY,
-    DataProto,
     DataProtoConfig,
-    DataProtoItem,
-    positive_int,
     list_of_dict_to_dict_of_list,
     union_numpy_dict,
     union_tensor_dict,
@@ -216,11 +216,7 @@ def serialize_tensordict(batch: TensorDict) -> tuple[tuple[int, ...], str | None
 def deserialize_single_tensor(arr: tuple) -> torch.Tensor:
     """The tensor of a :func:`serialize_single_tensor` triple (owning a copy of the bytes);
     a malformed triple raises :class:`~arrow_dataproto.DecodeError`."""
-    from .integrations.verl import legacy_tensor
-
     if not (isinstance(arr, tuple) and len(arr) == 3):
-        from .errors import DecodeError
-
         raise DecodeError(f"expected a (dtype, shape, bytes) triple, got {type(arr).__name__}")
     return legacy_tensor("tensor", arr)
 
@@ -229,6 +225,4 @@ def deserialize_tensordict(arr: tuple) -> TensorDict:
     """The TensorDict of a :func:`serialize_tensordict` tuple (tensors own their memory,
     placed on the recorded device if this process has it, else the CPU); a malformed
     tuple raises :class:`~arrow_dataproto.DecodeError`."""
-    from .integrations.verl import load_numpy_mode
-
     return load_numpy_mode(arr)
