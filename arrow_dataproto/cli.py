@@ -525,7 +525,7 @@ def load_pickled_dataproto(path: str | os.PathLike) -> DataProto:
     :class:`DecodeError` if the file holds something else or a class that cannot be found.
     """
     from ._container import DataProto
-    from .files import open_regular
+    from ._ipc import open_regular
     from .integrations.verl import VerlState, unpickle
 
     with os.fdopen(open_regular(path), "rb") as f:  # a FIFO is refused, never read
@@ -557,7 +557,8 @@ def _report_written(source: str, out: str, verb: str = "wrote") -> None:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from .files import MAGIC, copy_file, open_file, open_regular, write_file
+    from ._ipc import MAGIC, open_regular
+    from .files import copy_file, open_file, write_file
 
     with os.fdopen(open_regular(args.input), "rb") as f:  # a FIFO is refused, never read
         start = f.read(len(MAGIC))
@@ -620,7 +621,7 @@ def _benchmarks_dir(explicit: str | None) -> Path:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .files import progress_bar
+    from ._progress import progress_bar
 
     folder = _benchmarks_dir(args.dir)
     scripts = sorted(folder.glob("bench_*.py"))

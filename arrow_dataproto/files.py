@@ -97,12 +97,8 @@ from ._format import (
     resolve_columns,
     text_metadata,
 )
-from ._layout import CONTINUATION as _CONTINUATION
-from ._layout import MAGIC, BatchLayout, ColumnInfo, check_footer, layout_readable, open_regular, read_layout
-from ._layout import StreamIndex as _StreamIndex
-from ._layout import header_codec as _header_codec
-from ._layout import message_header as _message_header
-from ._layout import scan_stream as _scan_stream
+from ._ipc import CONTINUATION, MAGIC, StreamIndex, block_header, file_blocks, header_codec, open_regular, scan_stream
+from ._layout import BatchLayout, ColumnInfo, check_footer, layout_readable, read_layout
 from ._objects import JSON, OBJECT, PICKLE, decode_column, decode_meta_info, encode_as, json_type, pickled_meta_keys
 from ._progress import progress_bar
 from ._validate import validate_arrow
@@ -938,7 +934,7 @@ class _Reader:
 
 def _describe_start(head: bytes) -> str:
     """Why a file that does not start with the Arrow magic is not one of ours, with a hint."""
-    if head.startswith(b"\xff\xff\xff\xff"):
+    if head.startswith(CONTINUATION):
         return "an Arrow IPC stream, not an Arrow IPC file (open_file reads it; recovery needs a file)"
     if head.startswith(b"\x80"):
         return (
@@ -955,7 +951,7 @@ class _StreamFile:
 
     metadata = None
 
-    def __init__(self, data: pa.Buffer, index: _StreamIndex):
+    def __init__(self, data: pa.Buffer, index: StreamIndex):
         self.data, self.index, self.schema = data, index, index.schema
 
     @property
@@ -978,21 +974,17 @@ class _StreamFile:
         return batch, self.index.custom[i]
 
 
-def _first_codec(data: pa.Buffer, stream: _StreamIndex | None) -> str:
+def _first_codec(data: pa.Buffer, stream: StreamIndex | None) -> str:
     """The compression of a file whose footer does not record it (another tool's), from
     its first record batch's header: ``"none"``, ``"lz4"`` or ``"zstd"``."""
     if stream is not None:
         return stream.compression or "none"
     try:
-        blocks = _limits.file_blocks(data)
+        blocks, footer_start = file_blocks(memoryview(data))
         if not blocks:
             return "none"
-        offset, meta_length, body_length = blocks[0]
-        if offset < 0 or meta_length < 8 or body_length < 0 or offset + meta_length + body_length > data.size:
-            raise DecodeError("a record batch lies outside the file")
-        message = pa.ipc.read_message(data.slice(offset, meta_length + body_length))
-        _, header = _message_header(memoryview(message.metadata))
-        return "none" if header is None else (_header_codec(header) or "none")
+        _, header = block_header(memoryview(data), blocks[0], footer_start)
+        return header_codec(header) or "none"
     except (pa.ArrowException, OSError, ValueError, EOFError) as e:  # DecodeError is a ValueError
         raise DecodeError(f"corrupt Arrow file: {e}") from e
 
@@ -1023,7 +1015,7 @@ class FileReader(_Reader):
         self._fd: int | None = open_regular(self.path)
         try:
             self.file_size = os.fstat(self._fd).st_size
-            self._stream: _StreamIndex | None = None
+            self._stream: StreamIndex | None = None
             reader, data = self._open_mapped()
             self.schema = reader.schema
             self._num_batches = reader.num_record_batches
@@ -1064,10 +1056,10 @@ class FileReader(_Reader):
         if self.file_size == 0:
             raise DecodeError(f"{self.path}: empty file")
         source = mmap.mmap(self._fd, 0, access=mmap.ACCESS_COPY)
-        if source[: len(_CONTINUATION)] == _CONTINUATION:  # an IPC stream (HF datasets' cache files)
+        if source[: len(CONTINUATION)] == CONTINUATION:  # an IPC stream (HF datasets' cache files)
             data = pa.py_buffer(source)
             if self._stream is None:
-                self._stream = _scan_stream(data, str(self.path))
+                self._stream = scan_stream(data, str(self.path))
             return _StreamFile(data, self._stream), data
         if source[: len(MAGIC)] != MAGIC:
             raise DecodeError(f"{self.path}: {_describe_start(source[:8])}")
@@ -1085,7 +1077,7 @@ class FileReader(_Reader):
         together; every column of a batch counts, read or not."""
         try:
             if self._blocks is None:
-                self._blocks = _limits.file_blocks(data)
+                self._blocks, _ = file_blocks(memoryview(data))
             if self._stream is not None and self._stream.dictionaries:  # read in order: every batch before counts
                 indices = range(max(indices, default=-1) + 1)
             total = sum(_limits.block_decoded_bytes(data, self._blocks[i]) for i in indices)
@@ -1463,8 +1455,8 @@ def recover_file(
             except (pa.ArrowException, OSError, ValueError):  # DecodeError is a ValueError
                 return  # the cut (or a damaged batch): keep what came before
             end = position.tell()
-            after = body[end : end + len(_CONTINUATION)].to_pybytes()
-            if after != _CONTINUATION[: len(after)]:  # (a marker cut at the end of the file is fine)
+            after = body[end : end + len(CONTINUATION)].to_pybytes()
+            if after != CONTINUATION[: len(after)]:  # (a marker cut at the end of the file is fine)
                 return  # its bytes ran into another message's: it was cut, then written over
             count += 1
             yield batch, custom or fallback

@@ -1007,12 +1007,12 @@ def _mutate_body(payload: bytes, rng: random.Random, base: int) -> tuple[bytes, 
     a value inside one buffer (list offsets, lengths, values; for a compressed payload the
     compression frame: its recorded decoded length or its first bytes), a buffer's offset or
     length in the header, or a field node's length or null count. None if there is no batch."""
-    from arrow_dataproto import _limits  # its bounds-checked flatbuffer reader
+    from arrow_dataproto._ipc import FlatTable  # the bounds-checked flatbuffer reader
 
     batches = []
     for start, meta_end, end in _stream_messages(payload[base:]):
         metadata = payload[base + start + 8 : base + meta_end]
-        message = _limits._root(metadata)
+        message = FlatTable.root(metadata)
         if message.scalar(1, "<B", 0) == 3 and message.table(2) is not None:
             batches.append((base + start + 8, base + meta_end, message.table(2)))
     if not batches:
