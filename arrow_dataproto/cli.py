@@ -166,7 +166,7 @@ def describe(path: str | os.PathLike, *, stats: bool = False) -> dict:
     which decodes every numeric column (one batch of one column at a time, with torch).
     """
     from ._format import VERSION, check_schema
-    from ._layout import ColumnInfo, read_file_layout
+    from .files.layout import ColumnInfo, read_file_layout
 
     try:
         file_layout = read_file_layout(path)
@@ -591,7 +591,7 @@ def _recover(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from ._layout import verify_checksums  # pyarrow alone: no torch
+    from .files.layout import verify_checksums  # pyarrow alone: no torch
 
     batches, checked = verify_checksums(args.file)
     print(f"{args.file}: {batches} batches, {checked} buffers match their checksums")

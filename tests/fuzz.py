@@ -570,7 +570,7 @@ def _run_writer_kill(case: dict) -> adp.DataProto:
             try:
                 os.close(read_end)
                 _KillingFile.budget = 2**62 if case["limit"] is None else case["limit"]
-                adp_files.pa.OSFile = lambda p, mode="wb": pa.PythonFile(_KillingFile(p), mode="w")  # this child only
+                adp_files.writer.pa.OSFile = lambda p, mode="wb": pa.PythonFile(_KillingFile(p), mode="w")  # this child only
                 _write_plan(path, batches, options, on_return=lambda i: os.write(write_end, bytes([i])))
                 os.write(write_end, b"c")
             finally:

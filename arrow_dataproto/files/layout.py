@@ -13,15 +13,14 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import stat
 import struct
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
-from . import _checksum, _limits
-from ._format import (
+from .. import _checksum, _limits
+from .._format import (
     CHECKSUMS,
     COMPRESSION,
     DEVICE,
@@ -35,8 +34,8 @@ from ._format import (
     check_schema,
     text_metadata,
 )
-from ._ipc import CONTINUATION, MAGIC, FlatTable, block_header, file_blocks, header_codec, header_rows, open_regular, read_scalar, scan_stream
-from .errors import DecodeError
+from .._ipc import CONTINUATION, MAGIC, FlatTable, block_header, file_blocks, header_codec, header_rows, open_regular, read_scalar, scan_stream
+from ..errors import DecodeError
 
 # ---------------------------------------------------------------- layout from the IPC metadata
 
@@ -94,10 +93,6 @@ def read_file_layout(path: str | os.PathLike, *, row_lengths: bool = True) -> Fi
             raise DecodeError(f"{path}: empty file")
         data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     # not closed here: pyarrow buffers over it may outlive this call (an error's traceback); freed with them
-    return _read_file_layout(path, data, row_lengths)
-
-
-def _read_file_layout(path: str | os.PathLike, data: mmap.mmap, row_lengths: bool) -> FileLayout:
     footer_metadata: dict[str, str] = {}
     stream = data[: len(CONTINUATION)] == CONTINUATION
     if stream:
