@@ -325,9 +325,6 @@ class _StreamFile:
     def num_record_batches(self) -> int:
         return len(self.index.blocks)
 
-    def count_rows(self) -> int:
-        return sum(self.index.rows)
-
     def get_batch_with_custom_metadata(self, i: int) -> tuple[pa.RecordBatch, dict[str, str] | None]:
         if self.index.dictionaries:
             reader = pa.ipc.open_stream(self.data)

@@ -280,13 +280,12 @@ class FileWriter:
         self.num_rows += batch.num_rows
         self._bar.update(self._sink.tell())
 
-    def _start(self, schema: pa.Schema, written: pa.Schema) -> Any:
+    def _start(self, schema: pa.Schema, written: pa.Schema) -> None:
         """Begin the file: ``schema`` is the columns in the stored form, ``written`` in the form written."""
         self._schema = schema
         self._fields = dict(zip(schema.names, schema))
         self._schema_text = _checksum.schema_text(written) if self.checksums else ""
         self._writer = self._new_writer(self._sink, written)
-        return self._writer
 
     def close(self) -> None:
         """Write the footer and move the file to ``path`` (replacing any file there).
