@@ -13,7 +13,8 @@ import pyarrow as pa
 from .._format import PORTABLE, is_foreign
 from ..errors import DecodeError, SchemaMismatchError
 from .evolution import schema_difference
-from .reader import BatchReader, FileReader
+from .base import BatchReader
+from .reader import FileReader
 
 if TYPE_CHECKING:
     import torch
