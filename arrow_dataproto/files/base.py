@@ -61,7 +61,7 @@ class BatchReader:
         raise NotImplementedError
 
     def _count_rows(self) -> list[int]:
-        """The number of rows of each batch, reading as little as possible."""
+        """The number of rows of each batch, from message headers (no batch read)."""
         raise NotImplementedError
 
     def _metadata(self, i: int) -> dict[str, str]:
@@ -89,8 +89,8 @@ class BatchReader:
 
     @property
     def batch_rows(self) -> list[int]:
-        """The number of rows of each batch (computed once; a compressed file of several
-        batches decompresses one narrow column of each to count them)."""
+        """The number of rows of each batch (computed once, from the record batch message
+        headers alone: no batch is read, nothing decompressed)."""
         if self._batch_rows is None:
             self._batch_rows = self._count_rows()
         return self._batch_rows

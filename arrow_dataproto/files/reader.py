@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from .. import _checksum, _limits
 from .._format import CHECKSUMS, COMPRESSION, check_field_names, check_schema, is_foreign, text_metadata
-from .._ipc import CONTINUATION, MAGIC, StreamIndex, block_header, file_blocks, header_codec, open_regular, scan_stream
+from .._ipc import CONTINUATION, MAGIC, StreamIndex, block_header, file_blocks, header_codec, header_rows, open_regular, scan_stream
 from .._validate import validate_arrow
 from ..errors import DataProtoError, DecodeError
 from .base import BatchReader
@@ -143,12 +143,9 @@ class FileReader(BatchReader):
                 self.close()
                 raise
 
-    def _open_ipc(self, fields: list[int] | None = None) -> pa.ipc.RecordBatchFileReader:
-        """A fresh private copy-on-write mapping of the file, opened as an Arrow IPC file."""
-        return self._open_mapped(fields)[0]
-
     def _open_mapped(self, fields: list[int] | None = None) -> tuple[Any, pa.Buffer]:
-        """:meth:`_open_ipc` and the mapped bytes (an IPC stream: a :class:`_StreamFile`)."""
+        """A fresh private copy-on-write mapping of the file, opened as an Arrow IPC file reading
+        only ``fields`` (all if None; an IPC stream: a :class:`_StreamFile`), and the mapped bytes."""
         if self._fd is None:
             raise DataProtoError(f"{self.path} is closed")
         if self.file_size == 0:
@@ -250,11 +247,15 @@ class FileReader(BatchReader):
         return checked
 
     def _count_rows(self):
-        if self._stream is not None:  # from the message headers
+        """From the record batch message headers (a stream's, or those the footer points to)."""
+        if self._stream is not None:
             return list(self._stream.rows)
-        if self.compression is not None and self.num_batches == 1:
-            return [self._open_ipc().count_rows()]  # from the batch's message header: nothing decompressed
-        return [batch.num_rows for batch, _ in self._read(range(self.num_batches), self._probe_fields)]
+        view = memoryview(self._open_mapped()[1])
+        try:
+            blocks, footer_start = file_blocks(view)
+            return [header_rows(block_header(view, block, footer_start)[1]) for block in blocks]
+        except DecodeError as e:
+            raise DecodeError(f"{self.path}: {e}") from None
 
     def _metadata(self, i):
         return self._read([i], self._probe_fields)[0][1]
