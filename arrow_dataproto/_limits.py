@@ -5,7 +5,7 @@ things can make a small input decode into much more memory, and both are bounded
 here, before anything is allocated:
 
 - compressed buffers (lz4/zstd): each records its decoded length in its first 8
-  bytes. :func:`stream_decoded_bytes` / :func:`file_decoded_bytes` add those up
+  bytes. :func:`stream_decoded_bytes` / :func:`block_decoded_bytes` add those up
   from the message headers (no decompression) so that :func:`check` can refuse a
   compression bomb;
 - allocations whose size a metadata value chooses (a fixed-width string dtype):
