@@ -1029,7 +1029,7 @@ def _mutate_body(payload: bytes, rng: random.Random, base: int) -> tuple[bytes, 
     op = rng.choice(["value", "value", "value", "frame" if compressed else "value", "buffer", "node"])
     if op in ("value", "frame") and buffers:
         at = rng.choice(buffers)
-        offset, length = (int.from_bytes(header.buf[at + k : at + k + 8], "little", signed=True) for k in (0, 8))
+        offset, length = (int.from_bytes(header.data[at + k : at + k + 8], "little", signed=True) for k in (0, 8))
         if length < 8:
             return None
         if op == "frame":  # the int64 decoded length that starts each compressed buffer, or the frame after it
