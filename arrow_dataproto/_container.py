@@ -511,11 +511,12 @@ class DataProto:
         does an Arrow file holding pickled values; unpickling runs code from the file, so
         pass it only for files you trust. Tensors of a verl pickle own their memory.
         """
-        from .files import open_regular, read_file
+        from ._ipc import MAGIC, open_regular
+        from .files import read_file
 
         with os.fdopen(open_regular(filepath), "rb") as f:  # a FIFO is refused, never read
             head = f.read(6)
-        if head == b"ARROW1":
+        if head == MAGIC:
             return read_file(filepath, allow_pickle=allow_pickle)
         if not allow_pickle:
             raise PickleNotAllowedError(

@@ -59,10 +59,9 @@ __all__ = ["read_files", "to_dataproto", "from_dataproto", "DataProtoDatasource"
 class DataProtoDatasource(Datasource):
     """The ``ray.data`` datasource behind :func:`read_files`: one read task per record batch.
 
-    Holds only paths, batch indices and row counts (read when it is made: from the footers
-    and batch headers, plus one narrow column per batch of a compressed file of several
-    batches, as :attr:`~arrow_dataproto.files.FileReader.batch_rows` counts them), so
-    shipping it to the read tasks costs nothing.
+    Holds only paths, batch indices and row counts (read when it is made, from the footers
+    and record batch headers alone, as :attr:`~arrow_dataproto.files.FileReader.batch_rows`
+    counts them: no batch is read), so shipping it to the read tasks costs nothing.
     """
 
     def __init__(

@@ -570,7 +570,7 @@ def _run_writer_kill(case: dict) -> adp.DataProto:
             try:
                 os.close(read_end)
                 _KillingFile.budget = 2**62 if case["limit"] is None else case["limit"]
-                adp_files.pa.OSFile = lambda p, mode="wb": pa.PythonFile(_KillingFile(p), mode="w")  # this child only
+                adp_files.writer.pa.OSFile = lambda p, mode="wb": pa.PythonFile(_KillingFile(p), mode="w")  # this child only
                 _write_plan(path, batches, options, on_return=lambda i: os.write(write_end, bytes([i])))
                 os.write(write_end, b"c")
             finally:
@@ -1007,12 +1007,12 @@ def _mutate_body(payload: bytes, rng: random.Random, base: int) -> tuple[bytes, 
     a value inside one buffer (list offsets, lengths, values; for a compressed payload the
     compression frame: its recorded decoded length or its first bytes), a buffer's offset or
     length in the header, or a field node's length or null count. None if there is no batch."""
-    from arrow_dataproto import _limits  # its bounds-checked flatbuffer reader
+    from arrow_dataproto._ipc import FlatTable  # the bounds-checked flatbuffer reader
 
     batches = []
     for start, meta_end, end in _stream_messages(payload[base:]):
         metadata = payload[base + start + 8 : base + meta_end]
-        message = _limits._root(metadata)
+        message = FlatTable.root(metadata)
         if message.scalar(1, "<B", 0) == 3 and message.table(2) is not None:
             batches.append((base + start + 8, base + meta_end, message.table(2)))
     if not batches:
@@ -1029,7 +1029,7 @@ def _mutate_body(payload: bytes, rng: random.Random, base: int) -> tuple[bytes, 
     op = rng.choice(["value", "value", "value", "frame" if compressed else "value", "buffer", "node"])
     if op in ("value", "frame") and buffers:
         at = rng.choice(buffers)
-        offset, length = (int.from_bytes(header.buf[at + k : at + k + 8], "little", signed=True) for k in (0, 8))
+        offset, length = (int.from_bytes(header.data[at + k : at + k + 8], "little", signed=True) for k in (0, 8))
         if length < 8:
             return None
         if op == "frame":  # the int64 decoded length that starts each compressed buffer, or the frame after it

@@ -202,6 +202,29 @@ def test_compression(tmp_path, compression):
     assert_dataproto_equal(one.read_rows(10, 20), batches[0][10:20])
 
 
+@pytest.mark.parametrize("options", [{}, {"compression": "zstd"}, {"stream": True}, {"stream": True, "compression": "lz4"}])
+def test_row_counts_come_from_the_message_headers_alone(tmp_path, monkeypatch, options):
+    """num_rows / batch_rows of a file of several batches read no batch (what ray_data asks on the driver)."""
+    write_file(tmp_path / "f.arrow", _batches(), **options)
+    reads = []
+
+    def counting(name, original):
+        def read(*args, **kwargs):
+            reads.append(name)
+            return original(*args, **kwargs)
+        return read
+
+    for name in ("get_batch", "get_record_batch", "get_batch_with_custom_metadata"):
+        monkeypatch.setattr(pa.ipc.RecordBatchFileReader, name, counting(name, getattr(pa.ipc.RecordBatchFileReader, name)))
+    for name in ("read_record_batch", "open_stream"):
+        monkeypatch.setattr(pa.ipc, name, counting(name, getattr(pa.ipc, name)))
+    reader = open_file(tmp_path / "f.arrow")
+    assert (reader.batch_rows, reader.num_rows) == ([6, 4, 5], 15)
+    assert reads == []
+    reader.read_batch(1)  # (the counting sees reads)
+    assert reads
+
+
 def test_copy_file_changes_the_compression(tmp_path):
     write_file(tmp_path / "a.arrow", _batches())
     assert copy_file(tmp_path / "a.arrow", tmp_path / "b.arrow", compression="zstd") == 3

@@ -59,11 +59,12 @@ def _report_written(source: str, out: str, verb: str = "wrote") -> None:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from ..files import MAGIC, copy_file, open_file, open_regular, write_file
+    from .._ipc import CONTINUATION, MAGIC, open_regular
+    from ..files import copy_file, open_file, write_file
 
     with os.fdopen(open_regular(args.input), "rb") as f:  # a FIFO is refused, never read
         start = f.read(len(MAGIC))
-    if start == MAGIC or start.startswith(b"\xff\xff\xff\xff"):  # an Arrow IPC file or stream file
+    if start == MAGIC or start.startswith(CONTINUATION):  # an Arrow IPC file or stream file
         if args.compression is None:  # keep the source's
             with open_file(args.input) as reader:
                 compression = None if reader.compression == "unknown" else reader.compression
@@ -95,7 +96,7 @@ def _recover(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from .._layout import verify_checksums  # pyarrow alone: no torch
+    from ..files.layout import verify_checksums  # pyarrow alone: no torch
 
     batches, checked = verify_checksums(args.file)
     print(f"{args.file}: {batches} batches, {checked} buffers match their checksums")
@@ -125,7 +126,7 @@ def _benchmarks_dir(explicit: str | None) -> Path:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from ..files import progress_bar
+    from .._progress import progress_bar
 
     folder = _benchmarks_dir(args.dir)
     scripts = sorted(folder.glob("bench_*.py"))

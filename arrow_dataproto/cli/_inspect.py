@@ -108,7 +108,7 @@ def describe(path: str | os.PathLike, *, stats: bool = False) -> dict:
     which decodes every numeric column (one batch of one column at a time, with torch).
     """
     from .._format import VERSION, check_schema
-    from .._layout import ColumnInfo, read_file_layout
+    from ..files.layout import ColumnInfo, read_file_layout
 
     try:
         file_layout = read_file_layout(path)
