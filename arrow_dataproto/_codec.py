@@ -237,12 +237,14 @@ def _unflatten(node: Node, tensors: Iterator[torch.Tensor], placement: Placement
         raise DecodeError(f"tensors do not fit batch_size {list(node.batch_size)}: {e}") from e
 
 
-def as_record_batch(data: Any) -> pa.RecordBatch:
+def as_record_batch(data: Any, *, validated: bool = False) -> pa.RecordBatch:
     """One RecordBatch of ``data``: a ``pa.RecordBatch`` as it is; a ``pa.Table`` (or a
     ``pa.RecordBatchReader``, or any object exporting an Arrow stream through
     ``__arrow_c_stream__``: a polars DataFrame, a DuckDB relation) as the one batch of its
     rows. Zero-copy for a Table whose columns each have at most one chunk; the columns of
-    several chunks are concatenated (a copy). :class:`DecodeError` for anything else."""
+    several chunks are concatenated (a copy), each chunk validated first unless
+    ``validated`` (the caller put every chunk through ``validate_arrow``).
+    :class:`DecodeError` for anything else."""
     if isinstance(data, pa.RecordBatch):
         return data
     try:
@@ -252,7 +254,10 @@ def as_record_batch(data: Any) -> pa.RecordBatch:
             data = pa.table(data)
         if not isinstance(data, pa.Table):
             raise DecodeError(f"expected a pyarrow.RecordBatch or Table, got {type(data).__name__}")
-        columns = [c.chunk(0) if c.num_chunks == 1 else _combined(name, c) for name, c in zip(data.column_names, data.columns)]
+        columns = [
+            c.chunk(0) if c.num_chunks == 1 else c.combine_chunks() if validated else _combined(name, c)
+            for name, c in zip(data.column_names, data.columns)
+        ]
         return record_batch_of(columns, data.schema, data.num_rows)
     except (pa.ArrowException, OSError, TypeError, ValueError) as e:
         if isinstance(e, DecodeError):
@@ -311,6 +316,7 @@ def decode(
     copy: bool = False,
     allow_pickle: bool = False,
     schema: pa.Schema | None = None,
+    validated: bool = False,
 ) -> Parts:
     """The three parts of a DataProto from a RecordBatch made by :func:`to_arrow`, or of any
     other tool (:mod:`arrow_dataproto._foreign`: its schema metadata has no ``adp.*`` key).
@@ -319,6 +325,10 @@ def decode(
     another tool's batch came from: its columns are read back as stored
     (:func:`arrow_dataproto._restore.restore`). Without it, another tool's columns that
     look like our stored forms raise one :class:`~arrow_dataproto._restore.StoredFormWarning`.
+
+    ``validated``: the caller already put ``record_batch`` through ``validate_arrow``
+    (a reader does, before it reads sizes): it is not validated again. Otherwise it is,
+    once, before any value is read.
 
     ``columns``: decode only these (exact column names, see
     :func:`~arrow_dataproto._format.resolve_columns`; the batch may already hold only them); ``rows``: only rows ``start:stop`` (a zero-copy slice);
@@ -334,7 +344,10 @@ def decode(
     if foreign:  # narrowed first: the rule looks at the rows and columns read, nothing else
         check_field_names(record_batch.schema)
         record_batch = _narrowed(record_batch, columns, rows)
-        validate_arrow(record_batch)
+        if not validated:
+            validate_arrow(record_batch)
+        # restore and adopt build their arrays with pyarrow from the validated ones: valid as built
+        validated = True
         if schema is not None:  # the way back: our metadata from the original schema
             record_batch = _restore.restore(record_batch, schema)
             foreign = False
@@ -361,7 +374,8 @@ def decode(
         raise DecodeError(f"the tree names {len(leaf_names)} tensor columns, the batch has {record_batch.num_columns}")
     if names[: len(leaf_names)] != leaf_names:
         raise DecodeError(f"the tensor columns {names[:len(leaf_names)]} are not the tree's leaves {leaf_names}")
-    validate_arrow(record_batch)
+    if not validated:  # a batch narrowed (select, slice) after validation stays valid
+        validate_arrow(record_batch)
     record_batch = _portable.from_portable(record_batch)  # a portable batch: back to the stored types
     placement = Placement(device)
     fields = record_batch.schema

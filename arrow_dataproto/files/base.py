@@ -172,6 +172,7 @@ class BatchReader:
             parts = decode(
                 batch, columns=keep, rows=rows, meta_info=meta_info,
                 device=self.device, copy=self.copy, allow_pickle=self.allow_pickle, schema=self.original_schema,
+                validated=True,  # every batch _read returns passed validate_arrow
             )
             return DataProto(batch=parts.batch, non_tensor_batch=parts.non_tensor_batch, meta_info=parts.meta_info)
 
@@ -245,7 +246,7 @@ class BatchReader:
             from .._codec import as_record_batch
 
             try:
-                whole = as_record_batch(pa.Table.from_batches(pieces))
+                whole = as_record_batch(pa.Table.from_batches(pieces), validated=True)  # _read validated each
             except (pa.ArrowException, ValueError) as e:  # DecodeError is a ValueError
                 raise DecodeError(f"{self}: the batches do not form one table: {e}") from e
             return self._decode(whole, batches[0][1], keep, None, meta_info)
