@@ -36,13 +36,18 @@ MaxDecoded = Union[int, str, None]
 
 def limit(max_decoded_bytes: MaxDecoded, input_bytes: int) -> int | None:
     """The limit in bytes for an input of ``input_bytes`` (``None``: unlimited)."""
-    if max_decoded_bytes is None:
-        return None
+    check_max_decoded(max_decoded_bytes)
     if max_decoded_bytes == "auto":
         return max(FLOOR, RATIO * input_bytes)
+    return None if max_decoded_bytes is None else int(max_decoded_bytes)
+
+
+def check_max_decoded(max_decoded_bytes: MaxDecoded) -> None:
+    """:class:`ArgumentTypeError` unless ``max_decoded_bytes`` is ``"auto"``, a non-negative int or None."""
+    if max_decoded_bytes is None or max_decoded_bytes == "auto":
+        return
     if type(max_decoded_bytes) is not int or max_decoded_bytes < 0:
         raise ArgumentTypeError(f'max_decoded_bytes must be "auto", a non-negative int or None, got {max_decoded_bytes!r}')
-    return max_decoded_bytes
 
 
 def check(decoded: int, allowed: int | None, what: str) -> None:

@@ -54,7 +54,8 @@ opened with ``allow_pickle=True``.
 
 Modules: :mod:`~arrow_dataproto.files.writer` (writing), :mod:`~arrow_dataproto.files.evolution`
 (what the batches of a file share, schema promotion), :mod:`~arrow_dataproto.files.base` (what
-the readers share: rows, columns, decoding), :mod:`~arrow_dataproto.files.reader` (reading one
+the readers share: rows, columns, decoding), :mod:`~arrow_dataproto.files.options` (:class:`ReadOptions`: how
+the readers read), :mod:`~arrow_dataproto.files.reader` (reading one
 file), :mod:`~arrow_dataproto.files.dataset` (several files as one),
 :mod:`~arrow_dataproto.files.recover` (copy and recovery) and :mod:`~arrow_dataproto.files.layout`
 (a file's layout and checksums from its IPC metadata, with pyarrow and numpy alone).
@@ -64,6 +65,7 @@ This package imports neither torch nor tensordict until a batch is encoded or de
 from .dataset import DatasetReader, open_dataset
 from .evolution import schema_difference
 from .layout import BatchLayout, ColumnInfo, layout_readable, read_layout
+from .options import ReadOptions
 from .reader import FileReader, open_file, read_file
 from .recover import copy_file, recover_file
 from .writer import FileWriter, write_file
@@ -74,6 +76,7 @@ __all__ = [
     "DatasetReader",
     "FileReader",
     "FileWriter",
+    "ReadOptions",
     "copy_file",
     "layout_readable",
     "open_dataset",

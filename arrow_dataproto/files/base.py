@@ -7,7 +7,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -17,6 +17,7 @@ from .._objects import PICKLE
 from .._progress import progress_bar
 from ..errors import DecodeError, PickleNotAllowedError
 from .layout import ColumnInfo
+from .options import ReadKeywords, ReadOptions, read_options
 
 if TYPE_CHECKING:
     import torch
@@ -34,22 +35,39 @@ class BatchReader:
     """What :class:`FileReader` and :class:`DatasetReader` share: rows, columns, decoding.
 
     Subclasses provide ``schema``, ``num_batches``, ``_read``, ``_count_rows`` and ``_metadata``.
+    ``options`` holds how it reads (:class:`~arrow_dataproto.files.ReadOptions`: ``options``
+    with each of ``keywords`` replacing its field); ``allow_pickle``, ``device``, ``copy`` and
+    ``progress`` read it.
     """
 
     schema: pa.Schema
 
-    def __init__(self, *, allow_pickle: bool, device: str | torch.device | None, copy: bool, progress: bool,
-                 schema: Any = None):
-        self.allow_pickle = allow_pickle
+    def __init__(self, options: ReadOptions | None, keywords: ReadKeywords):
+        self.options = read_options(options, keywords)
         self.original_schema = None
-        if schema is not None:
+        if self.options.schema is not None:
             from .. import _restore
 
-            self.original_schema = _restore.original_schema(schema, allow_pickle=allow_pickle)
-        self.device = device
-        self.copy = copy
-        self.progress = progress
+            self.original_schema = _restore.original_schema(self.options.schema, allow_pickle=self.allow_pickle)
         self._batch_rows: list[int] | None = None
+
+    # -- the options, as attributes (see ReadOptions)
+
+    @property
+    def allow_pickle(self) -> bool:
+        return self.options.allow_pickle
+
+    @property
+    def device(self) -> str | torch.device | None:
+        return self.options.device
+
+    @property
+    def copy(self) -> bool:
+        return self.options.copy
+
+    @property
+    def progress(self) -> bool:
+        return self.options.progress
 
     # -- subclass hooks
 

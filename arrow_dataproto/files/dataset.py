@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import pyarrow as pa
 
@@ -14,10 +15,11 @@ from .._format import PORTABLE, is_foreign
 from ..errors import DecodeError, SchemaMismatchError
 from .evolution import schema_difference
 from .base import BatchReader
+from .options import ReadKeywords, ReadOptions
 from .reader import FileReader
 
 if TYPE_CHECKING:
-    import torch
+    from typing_extensions import Unpack
 
 
 def _stored_schema(schema: pa.Schema) -> pa.Schema:
@@ -36,34 +38,22 @@ def _stored_schema(schema: pa.Schema) -> pa.Schema:
 class DatasetReader(BatchReader):
     """Several Arrow files with the same columns read as one; made by :func:`open_dataset`.
 
-    Batches are numbered across the files in order; everything else is as in
-    :class:`FileReader`. ``files`` holds each file's reader.
+    Batches are numbered across the files in order; everything else (``options`` and
+    ``keywords`` included) is as in :class:`FileReader`. ``files`` holds each file's reader.
     """
 
     def __init__(
-        self,
-        paths: Sequence[str | os.PathLike],
-        *,
-        allow_pickle: bool = False,
-        device: str | torch.device | None = None,
-        copy: bool = False,
-        progress: bool = False,
-        max_decoded_bytes: int | str | None = "auto",
-        verify: bool = False,
-        schema: Any = None,
+        self, paths: Sequence[str | os.PathLike], *, options: ReadOptions | None = None, **keywords: Unpack[ReadKeywords]
     ):
-        super().__init__(allow_pickle=allow_pickle, device=device, copy=copy, progress=progress, schema=schema)
+        super().__init__(options, keywords)
         if not paths:
             raise FileNotFoundError("a dataset needs at least one file")
         self.files: list[FileReader] = []
         try:
+            # each file decodes nothing itself (this reader does: one bar, one original schema)
+            file_options = dataclasses.replace(self.options, progress=False, schema=None)
             for path in paths:
-                self.files.append(
-                    FileReader(
-                        path, allow_pickle=allow_pickle, device=device, copy=copy,
-                        max_decoded_bytes=max_decoded_bytes, verify=verify,
-                    )
-                )
+                self.files.append(FileReader(path, options=file_options))
             first = self.files[0]
             stored = _stored_schema(first.schema)
             for other in self.files[1:]:  # compared in the stored form, as FileWriter compares batches
@@ -116,12 +106,19 @@ class DatasetReader(BatchReader):
 
 
 
-def open_dataset(paths: str | os.PathLike | Iterable[str | os.PathLike], **options: Any) -> DatasetReader:
+def open_dataset(
+    paths: str | os.PathLike | Iterable[str | os.PathLike],
+    *,
+    options: ReadOptions | None = None,
+    **keywords: Unpack[ReadKeywords],
+) -> DatasetReader:
     """Open several files as one: a folder (its ``*.arrow`` files, sorted by name) or a list of paths.
 
     Every file must have the columns of the first (:class:`SchemaMismatchError` names
     the file and the differences), compared in the stored form as :class:`FileWriter` compares
-    batches: portable and stored files (and IPC stream files) of the same batches mix. ``options`` as in :func:`open_file`. For Arrow-level
+    batches: portable and stored files (and IPC stream files) of the same batches mix.
+    ``options`` (a :class:`~arrow_dataproto.files.ReadOptions`) and ``keywords`` as in
+    :func:`open_file`; ``schema`` and ``progress`` apply to the dataset as a whole. For Arrow-level
     filtering and scans, :meth:`~DatasetReader.arrow_dataset` gives a ``pyarrow.dataset``.
     """
     if isinstance(paths, (str, os.PathLike)) and Path(paths).is_dir():
@@ -130,4 +127,4 @@ def open_dataset(paths: str | os.PathLike | Iterable[str | os.PathLike], **optio
             raise FileNotFoundError(f"no *.arrow files in {folder}")
     elif isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    return DatasetReader(list(paths), **options)
+    return DatasetReader(list(paths), options=options, **keywords)

@@ -20,9 +20,10 @@ from ..errors import DataProtoError, DecodeError
 from .base import BatchReader
 from .evolution import row_bits, shared_metadata
 from .layout import check_footer
+from .options import ReadKeywords, ReadOptions
 
 if TYPE_CHECKING:
-    import torch
+    from typing_extensions import Unpack
 
     from .._container import DataProto
 
@@ -92,24 +93,13 @@ class FileReader(BatchReader):
 
     ``stream`` says whether it is an IPC stream file (no footer), ``foreign`` whether it is
     another tool's (no ``adp.*`` schema metadata: read by the rule of
-    :func:`~arrow_dataproto.from_arrow`).
+    :func:`~arrow_dataproto.from_arrow`). How it reads: ``options``
+    (:class:`~arrow_dataproto.files.ReadOptions`), each of ``keywords`` replacing its field.
     """
 
-    def __init__(
-        self,
-        path: str | os.PathLike,
-        *,
-        allow_pickle: bool = False,
-        device: str | torch.device | None = None,
-        copy: bool = False,
-        progress: bool = False,
-        max_decoded_bytes: _limits.MaxDecoded = "auto",
-        verify: bool = False,
-        schema: Any = None,
-    ):
-        super().__init__(allow_pickle=allow_pickle, device=device, copy=copy, progress=progress, schema=schema)
+    def __init__(self, path: str | os.PathLike, *, options: ReadOptions | None = None, **keywords: Unpack[ReadKeywords]):
+        super().__init__(options, keywords)
         self.path = Path(path)
-        self.verify_checksums = verify
         self._fd: int | None = open_regular(self.path)
         try:
             self.file_size = os.fstat(self._fd).st_size
@@ -133,15 +123,20 @@ class FileReader(BatchReader):
         self.compression: str | None = None if compression == "none" else compression
         narrowest = min(range(len(self.schema)), key=lambda i: row_bits(self.schema.field(i).type), default=None)
         self._probe_fields = None if self.compression is None or narrowest is None else [narrowest]
-        self._max_decoded = _limits.limit(max_decoded_bytes, self.file_size)
+        self._max_decoded = _limits.limit(self.options.max_decoded_bytes, self.file_size)
         self._blocks: list[tuple[int, int, int]] | None = None if self._stream is None else self._stream.blocks
         self._schema_text: str | None = None
-        if verify:
+        if self.verify_checksums:
             try:
                 self._check_footer()
             except BaseException:
                 self.close()
                 raise
+
+    @property
+    def verify_checksums(self) -> bool:
+        """Whether each batch read is checked against its checksums (``options.verify``)."""
+        return self.options.verify
 
     def _open_mapped(self, fields: list[int] | None = None) -> tuple[Any, pa.Buffer]:
         """A fresh private copy-on-write mapping of the file, opened as an Arrow IPC file reading
@@ -271,17 +266,7 @@ class FileReader(BatchReader):
         return f"<{state}FileReader {str(self.path)!r}: {self.num_batches} batches, {len(self.columns)} columns>"
 
 
-def open_file(
-    path: str | os.PathLike,
-    *,
-    allow_pickle: bool = False,
-    device: str | torch.device | None = None,
-    copy: bool = False,
-    progress: bool = False,
-    max_decoded_bytes: int | str | None = "auto",
-    verify: bool = False,
-    schema: pa.Schema | str | os.PathLike | None = None,
-) -> FileReader:
+def open_file(path: str | os.PathLike, *, options: ReadOptions | None = None, **keywords: Unpack[ReadKeywords]) -> FileReader:
     """Open an Arrow IPC file written by :func:`write_file` / :class:`FileWriter`, or any
     other Arrow IPC file or IPC stream file (see the module docstring; another tool's
     columns are read by the rule of :func:`~arrow_dataproto.from_arrow`).
@@ -292,41 +277,33 @@ def open_file(
     :meth:`~FileReader.column_info`, :meth:`~FileReader.read_batch`,
     :meth:`~FileReader.read_rows`, :meth:`~FileReader.read_all` and iterates over batches.
 
-    ``allow_pickle=True`` allows decoding pickled columns and ``meta_info`` (unpickling
-    runs code from the file: only for files you trust). ``device`` places every tensor
-    there (like ``map_location``); ``copy=True`` gives tensors that own their memory
-    instead of viewing the mapping. ``progress=True`` shows a bar while reading many batches.
+    How it reads (``allow_pickle``, ``device``, ``copy``, ``progress``, ``max_decoded_bytes``,
+    ``verify``, ``schema``): ``options``, a :class:`~arrow_dataproto.files.ReadOptions` (which
+    states each option), or the same options as keywords; given both, each keyword replaces
+    that field of ``options``. A keyword that is no option raises ``TypeError``.
 
-    A file is untrusted input: the batches one read call decompresses may decode to at most
-    ``max_decoded_bytes`` (default ``"auto"``: 64 MiB or 256 times the file's size, whichever
-    is larger; an int: that many bytes; ``None``: no limit), checked from the message headers
-    before anything is decompressed; every batch passes Arrow's full validation before its
-    values or sizes are read. Anything but a regular file (a FIFO, a device, a folder) is
-    refused with :class:`DecodeError` without being opened for reading.
-
-    ``verify=True`` checks each batch read against the checksums it was written with
-    (``FileWriter(checksums=True)``; :class:`DecodeError` on a mismatch or a batch without
-    them); opening stays O(1) either way.
-
-    ``schema``: for a file another tool wrote from one of ours (polars ``write_ipc`` of a
-    filtered frame, say), the original file's path or ``pa.Schema``: its columns read back
-    as stored, as :func:`~arrow_dataproto.from_arrow` says.
+    A file is untrusted input: besides ``max_decoded_bytes``, every batch passes Arrow's full
+    validation before its values or sizes are read. Anything but a regular file (a FIFO, a
+    device, a folder) is refused with :class:`DecodeError` without being opened for reading.
 
     Raises ``FileNotFoundError``/``OSError`` as ``open`` does, :class:`DecodeError` for
     a file that is not Arrow (or whose schema names another format), truncated or corrupt, and
     :class:`FormatVersionError` for an incompatible format version.
     """
-    return FileReader(
-        path, allow_pickle=allow_pickle, device=device, copy=copy, progress=progress,
-        max_decoded_bytes=max_decoded_bytes, verify=verify, schema=schema,
-    )
+    return FileReader(path, options=options, **keywords)
 
 
-def read_file(path: str | os.PathLike, columns: Iterable[str] | None = None, **options: Any) -> DataProto:
-    """Every row of a file as one DataProto: ``open_file(path, **options).read_all(columns)``.
+def read_file(
+    path: str | os.PathLike,
+    columns: Iterable[str] | None = None,
+    *,
+    options: ReadOptions | None = None,
+    **keywords: Unpack[ReadKeywords],
+) -> DataProto:
+    """Every row of a file as one DataProto: ``open_file(path, options=options, **keywords).read_all(columns)``.
 
     A file of one batch comes back zero-copy (its mapping lives as long as the tensors do);
     several batches are concatenated (one copy).
     """
-    with open_file(path, **options) as reader:
+    with open_file(path, options=options, **keywords) as reader:
         return reader.read_all(columns)
