@@ -54,9 +54,9 @@ opened with ``allow_pickle=True``.
 
 Modules: :mod:`~arrow_dataproto.files.writer` (writing), :mod:`~arrow_dataproto.files.evolution`
 (what the batches of a file share, schema promotion), :mod:`~arrow_dataproto.files.base` (what
-the readers share: rows, columns, decoding), :mod:`~arrow_dataproto.files.options` (:class:`ReadOptions`: how
-the readers read), :mod:`~arrow_dataproto.files.reader` (reading one
-file), :mod:`~arrow_dataproto.files.dataset` (several files as one),
+the readers share: rows, columns, decoding), :mod:`~arrow_dataproto.files.options`
+(:class:`ReadOptions`: how the readers read), :mod:`~arrow_dataproto.files.reader` (reading
+one file), :mod:`~arrow_dataproto.files.dataset` (several files as one),
 :mod:`~arrow_dataproto.files.recover` (copy and recovery) and :mod:`~arrow_dataproto.files.layout`
 (a file's layout and checksums from its IPC metadata, with pyarrow and numpy alone).
 This package imports neither torch nor tensordict until a batch is encoded or decoded.
