@@ -35,13 +35,19 @@ class Timing(NamedTuple):
     best: float
 
 
-def interleaved(tasks: dict[Hashable, tuple[Callable[[], Any], Callable[[], Any] | None]], repeats: int) -> dict:
+def interleaved(tasks: dict[Hashable, tuple[Callable[[], Any], Callable[[], Any] | None]], repeats: int,
+                *, alternate: bool = False) -> dict:
     """The :class:`Timing` of each task ``name: (fn, setup)``: one untimed warm-up round, then
     ``repeats`` rounds running the tasks in turn; ``setup()`` (may be None) runs untimed
-    before each call, and the garbage collector before each timed call."""
+    before each call, and the garbage collector before each timed call. With ``alternate``,
+    every other round runs the tasks in reverse order, so that no task always follows the
+    same neighbour (whose garbage, dirty pages or cache state it would otherwise inherit)."""
     times: dict = {name: [] for name in tasks}
     for round_ in range(repeats + 1):
-        for name, (fn, setup) in tasks.items():
+        order = list(tasks.items())
+        if alternate and round_ % 2:
+            order.reverse()
+        for name, (fn, setup) in order:
             if setup is not None:
                 setup()
             gc.collect()
