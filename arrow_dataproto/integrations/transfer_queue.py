@@ -12,20 +12,26 @@ the backend is imported right after ``transfer_queue`` is)::
 
     ray.init(runtime_env={"worker_process_setup_hook": "arrow_dataproto.integrations.register_transfer_queue"})
 
-Objects are owned by the directory actor, so that they outlive the process that put them:
-Ray 2.56 removed ``ray.put(..., _owner=)``, so the writer's ``ray.put`` is handed to the
-directory, which puts it again (a second copy, within the object store; the writer's is
-freed when the put returns). ``conf.backend.arrow_dataproto.owner = "putter"`` keeps the
-writer's object instead (one copy; the rows then live only as long as the writing process).
+Objects are owned by the directory actor, so that they outlive the process that put them.
+Ray 2.56 removed ``ray.put(..., _owner=)``, so ownership moves by a copy: the writer's
+``ray.put`` is registered with the directory, which maps it (from then on the bytes stay
+pinned in the store whatever becomes of the writer) and returns; the put is done. The
+directory then puts the object again in the background (a second copy within the object
+store, off the put's and the readers' path) and lets the writer's object go: until then
+readers read the writer's object, and a reader that finds its writer gone asks the
+directory again, which answers with its own copy. ``conf.backend.arrow_dataproto.owner =
+"putter"`` keeps the writer's object instead (no second copy; the rows then live only as
+long as the writing process).
 
 Contract:
 
 - **put** (``kv_batch_put``, ``put``): the fields of one put become one :class:`DataProto`
   (tensor fields in ``batch``, ``NonTensorStack``/``NonTensorData`` fields in
   ``non_tensor_batch``), written with one ``ray.put``: one copy of the bytes into the
-  object store, whole columns, not rows (and, with the default ``owner="directory"``, one
-  more copy by the directory actor that ``tq.init()`` starts, which then owns it). A
-  non-contiguous or off-CPU tensor is made contiguous on the CPU first (the codec's rule).
+  object store, whole columns, not rows; the put returns once the directory actor that
+  ``tq.init()`` starts has mapped it (with the default ``owner="directory"``, that actor
+  then copies it into an object of its own in the background). A non-contiguous or
+  off-CPU tensor is made contiguous on the CPU first (the codec's rule).
 - **get** (``kv_batch_get``, ``get_data``): the reader fetches the objects holding the rows
   asked for and decodes them under the receive options in force (default: private
   copy-on-write views of shared memory, :mod:`arrow_dataproto.pickling`): a write in one
@@ -50,7 +56,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import threading
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
 import numpy as np
@@ -84,14 +92,17 @@ class TransferQueueStorageError(DataProtoError, RuntimeError):
 class Directory:
     """Which object holds which row of which field, and the references that keep the objects alive.
 
-    Objects are ``ray.put`` by the writers with this actor as their owner; the actor keeps
-    one reference per object while any of its cells (partition, field, row) is stored.
+    Every method runs under one lock: the main thread serves calls, a background thread
+    makes this actor's own copies of adopted objects (:meth:`adopt`).
     """
 
     def __init__(self) -> None:
         set_receive_options(copy=False)  # what arrives is only put again: plain views
         self.objects: dict[str, list] = {}  # object id -> [ObjectRef, live cells]
         self.cells: dict[tuple[str, str], dict[int, tuple[str, int]]] = {}  # (partition, field) -> index -> (id, row)
+        self.copies: dict[str, Future] = {}  # object id -> its copy by this actor, while under way
+        self.copier = ThreadPoolExecutor(1, thread_name_prefix="adp-adopt")
+        self.lock = threading.RLock()
 
     def ready(self) -> bool:
         return True
@@ -101,57 +112,98 @@ class Directory:
         entry[1] -= cells
         if entry[1] <= 0:
             del self.objects[object_id]
+            self.copies.pop(object_id, None)  # a failed copy's record goes with it
 
-    def adopt(self, partition: str, object_id: str, data: DataProto, indexes: list[int], fields: list[str]) -> None:
-        """Put ``data`` again, owned by this actor (one copy within the object store), and register it."""
-        self.register(partition, object_id, [ray.put(data)], indexes, fields)
+    def adopt(self, partition: str, object_id: str, refs: list, indexes: list[int], fields: list[str]) -> None:
+        """Register the writer's object ``refs[0]`` now, and replace it by a copy owned by
+        this actor in the background (one copy within the object store).
+
+        The object is mapped here before this returns: its bytes stay pinned in the store
+        for the copy even if the writer exits right after its put."""
+        data = ray.get(refs[0])  # views of the writer's object (receive options: copy=False)
+        with self.lock:
+            self.register(partition, object_id, refs, indexes, fields)
+            self.copies[object_id] = self.copier.submit(self._own, object_id, data)
+
+    def _own(self, object_id: str, data: DataProto) -> None:
+        failure = None
+        try:
+            ref = ray.put(data)
+        except Exception as e:  # the store full, Ray shutting down: readers keep reading the writer's object
+            failure = f"{type(e).__name__}: {e}"
+        del data  # raised below, outside the handler: no traceback keeps the writer's object pinned
+        if failure is not None:
+            raise TransferQueueStorageError(f"the directory could not copy object {object_id}: {failure}")
+        with self.lock:
+            entry = self.objects.get(object_id)
+            if entry is not None:  # else cleared meanwhile: the copy is dropped
+                entry[0] = ref
+            self.copies.pop(object_id, None)
 
     def register(self, partition: str, object_id: str, refs: list, indexes: list[int], fields: list[str]) -> None:
         """Record object ``object_id`` (``refs[0]``) as holding rows ``indexes`` of ``fields``."""
-        self.objects[object_id] = [refs[0], len(indexes) * len(fields)]
-        replaced: dict[str, int] = {}
-        for field in fields:
-            cells = self.cells.setdefault((partition, field), {})
-            for row, index in enumerate(indexes):
-                old = cells.get(index)
-                if old is not None:
-                    replaced[old[0]] = replaced.get(old[0], 0) + 1
-                cells[index] = (object_id, row)
-        for old_id, count in replaced.items():
-            self._drop(old_id, count)
+        with self.lock:
+            self.objects[object_id] = [refs[0], len(indexes) * len(fields)]
+            replaced: dict[str, int] = {}
+            for field in fields:
+                cells = self.cells.setdefault((partition, field), {})
+                for row, index in enumerate(indexes):
+                    old = cells.get(index)
+                    if old is not None:
+                        replaced[old[0]] = replaced.get(old[0], 0) + 1
+                    cells[index] = (object_id, row)
+            for old_id, count in replaced.items():
+                self._drop(old_id, count)
 
-    def locate(self, partition: str, fields: list[str], indexes: list[int]) -> tuple[list, dict]:
-        """``(refs, {field: (object numbers into refs, rows)})`` for the cells asked."""
-        numbers: dict[str, int] = {}
-        where = {}
-        for field in fields:
-            cells = self.cells.get((partition, field), {})
-            try:
-                found = [cells[i] for i in indexes]
-            except KeyError as e:
-                raise KeyError(f"partition {partition!r}: field {field!r} has no stored row {e.args[0]}") from None
-            objs = np.fromiter((numbers.setdefault(o, len(numbers)) for o, _ in found), np.int64, len(found))
-            rows = np.fromiter((r for _, r in found), np.int64, len(found))
-            where[field] = (objs, rows)
-        return [self.objects[i][0] for i in numbers], where
+    def locate(self, partition: str, fields: list[str], indexes: list[int], owned: bool = False) -> tuple[list, dict]:
+        """``(refs, {field: (object numbers into refs, rows)})`` for the cells asked; with
+        ``owned``, every object is this actor's own copy (waiting for copies under way)."""
+        with self.lock:
+            numbers: dict[str, int] = {}
+            where = {}
+            for field in fields:
+                cells = self.cells.get((partition, field), {})
+                try:
+                    found = [cells[i] for i in indexes]
+                except KeyError as e:
+                    raise KeyError(f"partition {partition!r}: field {field!r} has no stored row {e.args[0]}") from None
+                objs = np.fromiter((numbers.setdefault(o, len(numbers)) for o, _ in found), np.int64, len(found))
+                rows = np.fromiter((r for _, r in found), np.int64, len(found))
+                where[field] = (objs, rows)
+            waits = [self.copies[i] for i in numbers if owned and i in self.copies]
+        for copy in waits:  # outside the lock: the copier takes it to finish
+            copy.result()
+        with self.lock:
+            missing = [i for i in numbers if i not in self.objects]
+            if missing:
+                raise KeyError(f"partition {partition!r}: rows asked were cleared meanwhile")
+            return [self.objects[i][0] for i in numbers], where
 
     def release(self, partition: str, indexes: list[int]) -> None:
         """Forget every field of rows ``indexes``; free each object none of whose cells is left."""
-        released: dict[str, int] = {}
-        for field in [f for p, f in self.cells if p == partition]:
-            cells = self.cells[(partition, field)]
-            for index in indexes:
-                old = cells.pop(index, None)
-                if old is not None:
-                    released[old[0]] = released.get(old[0], 0) + 1
-            if not cells:
-                del self.cells[(partition, field)]
-        for object_id, count in released.items():
-            self._drop(object_id, count)
+        with self.lock:
+            released: dict[str, int] = {}
+            for field in [f for p, f in self.cells if p == partition]:
+                cells = self.cells[(partition, field)]
+                for index in indexes:
+                    old = cells.pop(index, None)
+                    if old is not None:
+                        released[old[0]] = released.get(old[0], 0) + 1
+                if not cells:
+                    del self.cells[(partition, field)]
+            for object_id, count in released.items():
+                self._drop(object_id, count)
 
     def held(self) -> int:
         """How many objects the directory keeps alive."""
-        return len(self.objects)
+        with self.lock:
+            return len(self.objects)
+
+    def settled(self) -> bool:
+        """Wait until every copy under way is made; True if none failed (tests, benchmarks)."""
+        with self.lock:
+            waits = list(self.copies.values())
+        return all(copy.exception() is None for copy in waits)
 
 
 _created_here: dict[str, Any] = {}  # directory name -> handle, in the process that started it
@@ -304,16 +356,16 @@ class ArrowStorageManager(StorageManager):
             cause = e.as_instanceof_cause()
             if isinstance(cause, KeyError):
                 raise TransferQueueStorageError(f"arrow_dataproto TransferQueue backend: {cause.args[0]}") from e
+            if isinstance(cause, TransferQueueStorageError):
+                raise TransferQueueStorageError(f"arrow_dataproto TransferQueue backend: {cause}") from e
             raise
 
     def _put(self, data: TensorDict, metadata: BatchMeta) -> None:
         dp = _to_dataproto(data)
         indexes = [int(i) for i in metadata.global_indexes]
         where = (metadata.partition_ids[0], uuid.uuid4().hex)
-        if self.owner == "putter":
-            self._call("put", "register", *where, [ray.put(dp)], indexes, list(data.keys()))
-        else:
-            self._call("put", "adopt", *where, dp, indexes, list(data.keys()))
+        method = "register" if self.owner == "putter" else "adopt"
+        self._call("put", method, *where, [ray.put(dp)], indexes, list(data.keys()))
 
     async def put_data(self, data: TensorDict, metadata: BatchMeta, data_parser: Any = None) -> None:
         """Store the rows of ``data`` (one object for all its fields) and tell the controller."""
@@ -336,6 +388,9 @@ class ArrowStorageManager(StorageManager):
             refs, where = self._call("get", "locate", partition, asked, indexes)
             try:
                 objects = ray.get(refs)
+            except ray.exceptions.OwnerDiedError:  # a writer gone before the directory's copy was made
+                refs, where = self._call("get", "locate", partition, asked, indexes, True)
+                objects = self._fetch(refs)
             except (ray.exceptions.ObjectLostError, ray.exceptions.RayActorError) as e:
                 raise _storage_error(e, "get") from e
             shared: dict = {}
@@ -346,6 +401,13 @@ class ArrowStorageManager(StorageManager):
         else:  # rows of several partitions, in the order asked
             fields = _merge(pieces, asked, metadata.size)
         return TensorDict({k: fields[k] for k in asked}, batch_size=[metadata.size])
+
+    @staticmethod
+    def _fetch(refs: list) -> list:
+        try:
+            return ray.get(refs)
+        except (ray.exceptions.ObjectLostError, ray.exceptions.RayActorError) as e:
+            raise _storage_error(e, "get") from e
 
     async def get_data(self, metadata: BatchMeta) -> TensorDict:
         """The rows and fields of ``metadata`` (views where they are one put's rows in order)."""
