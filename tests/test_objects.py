@@ -537,6 +537,70 @@ def test_object_column_roundtrip_property(rows):
         assert_array_identical(values[1:3], sliced)
 
 
+_LEAVES = {
+    "bool": st.booleans(), "int": st.integers(-(2**63), 2**63 - 1), "float": st.floats(),
+    "str": st.text(max_size=6), "bytes": st.binary(max_size=6),
+}
+_SCHEMAS = st.recursive(
+    st.sampled_from(sorted(_LEAVES)),
+    lambda inner: st.tuples(st.just("list"), inner) | st.tuples(st.just("dict"), st.dictionaries(st.text(max_size=3), inner, max_size=3)),
+    max_leaves=6,
+)
+
+
+def _value(schema) -> st.SearchStrategy:
+    """Values of one shape (None anywhere): the columns pyarrow infers a plain type for."""
+    if isinstance(schema, str):
+        shaped = _LEAVES[schema]
+    elif schema[0] == "list":
+        shaped = st.lists(_value(schema[1]), max_size=3)
+    else:
+        shaped = st.fixed_dictionaries({k: _value(v) for k, v in schema[1].items()})
+    return st.none() | shaped
+
+
+def _reference_native(rows: list):
+    """The native check by conversion: pyarrow's inferred type, kept if every row comes back the same."""
+    from arrow_dataproto._objects import _is_plain, _same_rows
+
+    try:
+        array = pa.array(rows)
+    except Exception:
+        return None
+    return array.type if _is_plain(array.type) and _same_rows(rows, array) else None
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(st.lists(json_like, max_size=8), _SCHEMAS.flatmap(lambda s: st.lists(_value(s), max_size=8))))
+def test_the_native_type_built_from_the_values_is_what_conversion_back_accepts(rows):
+    """Object columns get their Arrow type from the values' exact types (no inference, no
+    conversion back): it must be pyarrow's own inferred type, and given back exactly."""
+    from arrow_dataproto._objects import _native_type
+
+    built, reference = _native_type(rows), _reference_native(rows)
+    if built is not None and reference is not None:
+        assert built == reference
+    if built is not None:
+        try:
+            back = pa.array(rows, type=built).to_pylist()
+        except (pa.ArrowException, OverflowError, UnicodeEncodeError):
+            return  # refused outright: the column is not native
+        assert reference is not None and built == reference, (built, reference)
+        assert_array_identical(objects(*rows), objects(*back))
+
+
+@pytest.mark.parametrize("rows", [[{b"a": 1}], [{"a": 1}, {b"a": 1}], [{"a": 1, "b": 2}, {"b": 2, "a": 1}], [{"a": 1}, {"a": True}]])
+def test_dicts_whose_keys_arrow_cannot_give_back_are_not_native(rows):
+    """bytes keys come back as str, and keys in another order or values of two types cannot all
+    come back as they were: no native type is built, and the column is not stored natively."""
+    from arrow_dataproto._objects import _native_type
+
+    assert _native_type(rows) is None
+    assert encode_column("c", objects(*rows))[1]["adp.kind"] != "object"
+    array, metadata, decoded = roundtrip(objects(*rows))
+    assert_array_identical(objects(*rows), decoded)
+
+
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.text(max_size=8) | st.none(), max_size=8))
 def test_strings_and_none_are_always_native(rows):
