@@ -377,10 +377,12 @@ class Object:
         if values.ndim != 1:
             return None
         rows = values.tolist()
-        if not _may_be_native(rows) or census(rows, _NATIVE_TYPES, MAX_NESTING - 1) is None:
+        if census(rows, _NATIVE_TYPES, MAX_NESTING - 1) is None:
             return None  # deeper than MAX_NESTING fields: Arrow's IPC format refuses it (pa.array crashes far deeper)
         plain = _plain_kind(rows)
         arrow_type = _native_type(rows) if plain is None else _plain_type(rows, plain)
+        if arrow_type is None and not _may_be_native(rows):
+            return None
         try:
             array = _to_arrow(rows, arrow_type)
         except Exception:  # pa.array calls into arbitrary user objects; any failure -> pickle
