@@ -14,8 +14,9 @@ whose workers get ``VERL_DATAPROTO_SERIALIZATION_METHOD`` through verl's
 
 One step: ``wg.compute(dp)`` with ``Dispatch.DP_COMPUTE_PROTO`` -- verl chunks the
 batch, each worker computes per-row statistics on every tensor of its chunk and
-returns a new DataProto, verl concatenates the returns. Every mode's result is
-checked against the same computation run locally on the same chunks (exactly).
+returns a new DataProto, verl concatenates the returns. Every step's result is
+checked against the same computation run locally on the same chunks (exactly),
+untimed, before that mode's next step.
 Each mode also runs the step on a batch already in its workers (*held*: placed there
 once, untimed; verl dispatches a row index instead), so that per step minus held is what
 moving the batch in costs: the driver's pickling and put, the workers' unpickling.
@@ -184,26 +185,53 @@ def steps(args) -> tuple[dict, dict, dict]:
         set_driver_mode(value)
         groups[mode].hold(data)
     seen: dict = {mode: {"compute_s": [], "threads": set()} for mode in MODES}
+    last: dict = {}  # each task's last result, checked untimed before its next step and at the end
 
-    def run(mode, held):
-        def step():
-            out = groups[mode].step_held(index) if held else groups[mode].step(data)
+    def checked(task) -> None:
+        out = last.pop(task, None)
+        if out is not None:
+            mode = task[0]
             metrics = out.meta_info["metrics"]
             seen[mode]["compute_s"].append(statistics.median(metrics["compute_s"]))
             seen[mode]["threads"].update(metrics["threads"])
             check(out, reference, mode)
+
+    def run(mode, held):
+        def step():  # timed: verl's dispatch, the workers' step, verl's collection
+            last[mode, held] = out = groups[mode].step_held(index) if held else groups[mode].step(data)
             return out
 
-        return step, lambda: set_driver_mode(MODES[mode])
+        def setup():
+            checked((mode, held))
+            set_driver_mode(MODES[mode])
+
+        return step, setup
 
     timings = harness.interleaved({(mode, held): run(mode, held) for mode in MODES for held in (False, True)}, args.repeats)
+    for task in list(last):
+        checked(task)
     set_driver_mode(None)
     nbytes = sum(t.numel() * t.element_size() for t in data.batch.values() if not t.is_nested)
     nbytes += data.batch["response_tokens"].values().numel() * 8
     for group in groups.values():
         for worker in group.workers:
             ray.kill(worker)
-    return timings, seen, {"MiB": nbytes / 2**20}
+    return timings, seen, {"MiB": nbytes / 2**20, "copy_s": one_copy_seconds(data)}
+
+
+def one_copy_seconds(data, repeats: int = 5) -> float:
+    """Median seconds to copy every tensor byte of ``data`` once into new memory, here (what
+    Ray's put of the batch into its store costs at least)."""
+    import torch
+
+    leaves = [t.values() if t.is_nested else t for t in data.batch.values()]
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        copies = [torch.empty_like(t).copy_(t) for t in leaves]
+        times.append(time.perf_counter() - start)
+        del copies
+    return statistics.median(times)
 
 
 def worker_start(repeats: int, hooked: bool) -> float:
@@ -258,7 +286,7 @@ def main() -> None:
         f"Command: `{harness.command('bench_verl_e2e.py')}`; {args.rows} rows, {args.prompt}+{args.response} tokens "
         f"({size['MiB']:.0f} MiB of tensors), {args.workers} CPU workers, `Dispatch.DP_COMPUTE_PROTO`; "
         f"median (best) of {args.repeats} steps after a warm-up, modes taking turns. Every result checked "
-        "exactly against the same computation run locally. Seconds.",
+        "exactly against the same computation run locally (untimed). Seconds.",
         "",
         "*held*: the same step on a batch already in the workers (`hold`, untimed): verl dispatches a",
         "row index, the workers compute on their held chunk and return the same result. *moving the batch",
@@ -282,6 +310,11 @@ def main() -> None:
         "|---|---:|---:|",
         f"| `{ENV}=arrow`, no hook | {starts[False]:.3f} | 1.00 |",
         f"| with `{HOOK}` and `{ENV}=arrow` | {starts[True]:.3f} | {starts[True] / starts[False]:.2f} |",
+        "",
+        f"For scale: one copy of the batch's tensor bytes into new memory in this driver took {size['copy_s']:.3f} s "
+        "(median of 5); moving the batch in costs at least about that, since Ray copies it once into its store. "
+        f"A step at 0.5x numpy mode's ({0.5 * base.median:.3f} s) would leave moving the batch in "
+        f"{0.5 * base.median - timings['install', True].median:.3f} s beside install's held step.",
     ]
     harness.save("\n".join(lines) + "\n", args.out)
 
