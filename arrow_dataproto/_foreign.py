@@ -62,15 +62,12 @@ from ._dtypes import STORAGE
 from ._format import (
     ARRAY_KINDS,
     ArraySpec,
-    FORMAT,
-    FORMAT_NAME,
     KIND,
     TENSOR_KINDS,
-    VERSION,
     Node,
     TensorSpec,
+    schema_metadata,
     text_metadata,
-    version_text,
 )
 from ._validate import no_nulls
 from .errors import DecodeError, column_error
@@ -126,7 +123,7 @@ def adopt(record_batch: pa.RecordBatch) -> pa.RecordBatch:
             values, spec = adopted
             tensors.append((pa.field(field.name, values.type, nullable=False, metadata=spec.metadata()), values))
     tree = Node("", (record_batch.num_rows,), None, tuple(f.name for f, _ in tensors))
-    metadata = {FORMAT: FORMAT_NAME, VERSION: version_text(), **tree.metadata()}
+    metadata = schema_metadata(tree, {})
     fields = [f for f, _ in tensors + others]
     arrays = [a for _, a in tensors + others]
     if not arrays:
