@@ -22,6 +22,7 @@ import sysconfig
 import tempfile
 import time
 
+import numpy as np
 import pyarrow as pa
 import pytest
 import torch
@@ -115,6 +116,9 @@ if __name__ != "__main__":
             transport.warm_up()
             return len(_shm._twins)
 
+        def modules(self, *received):
+            return sorted(sys.modules)
+
         def mapped_as_read(self, dp):
             ids = dp.batch["input_ids"]
             received = mapped_fraction(ids)
@@ -156,6 +160,24 @@ def test_warm_up_maps_the_store_once(readers):
     assert ray.get(readers[0].warm_up.remote()) == 1  # the store's twin is mapped before the first batch
     assert ray.get(readers[0].private_view.remote(ray.put(batch())))
     assert ray.get(readers[0].warm_up.remote()) == 1
+
+
+def test_warm_up_imports_nothing_a_receiver_does_not(ray_session):
+    """warm_up() primes receiving: a fresh actor that receives a batch with every kind of
+    column imports at least what warm_up() does (pyarrow would import pandas for an
+    object column encoded in warm_up, which decoding never needs)."""
+    dp = batch()
+    dp.non_tensor_batch["uid"] = np.array([f"uid-{i}" for i in range(len(dp))], dtype=object)
+    receiver, warmed = Reader.remote(), Reader.remote()
+    try:
+        received = set(ray.get(receiver.modules.remote(ray.put(dp))))
+        ray.get(warmed.warm_up.remote())
+        warmed_up = set(ray.get(warmed.modules.remote()))
+    finally:
+        ray.kill(receiver)
+        ray.kill(warmed)
+    assert "arrow_dataproto._objects" in received and "pandas" not in received
+    assert sorted(warmed_up - received) == []
 
 
 @LINUX
