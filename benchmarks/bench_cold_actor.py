@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import resource
 import statistics
 import sys
 import time
@@ -70,6 +71,12 @@ def _private_bytes() -> int:
     raise OSError("no RssAnon in /proc/self/status")
 
 
+def _usage() -> tuple[float, int]:
+    """This process's CPU seconds so far (user + system, every thread) and its minor page faults."""
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    return used.ru_utime + used.ru_stime, used.ru_minflt
+
+
 def _read_every_byte(data) -> float:
     """Sum every tensor of a DataProto (values of jagged ones), or every array of a dict."""
     if isinstance(data, dict):
@@ -89,12 +96,15 @@ class Worker:
             transport.warm_up()
         self.base = _private_bytes()
 
-    def ready(self) -> tuple[int, list[str], int]:
-        """The process id, the heavy modules imported so far, and the private memory at start."""
-        return os.getpid(), [m for m in HEAVY if m in sys.modules], self.base
+    def ready(self) -> tuple[int, list[str], int, tuple[float, int]]:
+        """The process id, the heavy modules imported so far, the private memory and the usage at start."""
+        return os.getpid(), [m for m in HEAVY if m in sys.modules], self.base, _usage()
 
-    def receive(self, data) -> float:
-        return _read_every_byte(data)
+    def receive(self, data) -> tuple[float, int]:
+        """Read every byte; the usage so far (Ray decoded ``data`` before this method ran:
+        the usage between two calls' returns covers the second call's decode and read)."""
+        _read_every_byte(data)
+        return _usage()
 
     def private(self) -> int:
         gc.collect()
@@ -107,30 +117,36 @@ def trial(mode: str, payload, actors: int, calls: int, pause: float, seen: set[i
     workers = [Worker.remote(mode == WARM_UP) for _ in range(actors)]
     ready = ray.get([w.ready.remote() for w in workers])
     started = time.perf_counter() - start
-    pids = {pid for pid, _, _ in ready}
+    pids = {pid for pid, _, _, _ in ready}
     assert len(pids) == actors and not pids & seen, "every actor of every trial is a fresh process"
     seen |= pids
-    imported = sorted({m for _, modules, _ in ready for m in modules})
+    imported = sorted({m for _, modules, _, _ in ready for m in modules})
     if mode != WARM_UP:  # cold: the actor's module and __init__ imported nothing heavy
         assert not imported, f"a cold actor imported {imported} before its first batch"
     ref = ray.put(payload)
     times = []
+    usage = [[u for _, _, _, u in ready]]  # per call, per actor: (CPU seconds, minor faults) so far
     for _ in range(calls):
         # Every call, the first included, comes after the same pause: the previous
         # call's views are released meanwhile (copy-on-write leases end on a background
         # thread; a call that overlapped one would map the object afresh).
         time.sleep(pause)
         t0 = time.perf_counter()
-        ray.get([w.receive.remote(ref) for w in workers])
+        usage.append(ray.get([w.receive.remote(ref) for w in workers]))
         times.append(time.perf_counter() - t0)
     private = ray.get([w.private.remote() for w in workers])
     for w in workers:
         ray.kill(w)
     del ref
     time.sleep(1.0)  # the killed workers exit and the store releases the object
-    warm = statistics.median(times[len(times) // 2:])
-    return {"start": started, "first": times[0], "warm": warm,
-            "private_start": statistics.mean(base for _, _, base in ready), "private": statistics.mean(private)}
+    # each call's CPU time and faults, averaged over the actors
+    cpu = [statistics.mean(b[0] - a[0] for a, b in zip(before, after)) for before, after in zip(usage, usage[1:])]
+    faults = [statistics.mean(b[1] - a[1] for a, b in zip(before, after)) for before, after in zip(usage, usage[1:])]
+    last = len(times) // 2
+    return {"start": started, "first": times[0], "warm": statistics.median(times[last:]),
+            "cpu_first": cpu[0], "cpu_warm": statistics.median(cpu[last:]),
+            "faults_first": faults[0], "faults_warm": statistics.median(faults[last:]),
+            "private_start": statistics.mean(base for _, _, base, _ in ready), "private": statistics.mean(private)}
 
 
 def main() -> None:
@@ -161,14 +177,16 @@ def main() -> None:
                 for mode in results:
                     r = trial(mode, floor if mode == FLOOR else dp, actors, args.calls, args.pause, seen)
                     r["ratio"] = r["first"] / r["warm"]
+                    r["cpu_ratio"] = r["cpu_first"] / r["cpu_warm"]
                     results[mode].append(r)
                     print(f"{actors} actor(s) trial {t} {mode:17s} start {r['start']:6.2f} s  first {r['first']:6.3f} s"
-                          f"  warm {r['warm']:6.3f} s  ({r['ratio']:6.2f}x)  private {r['private_start'] / 2**20:4.0f}"
+                          f"  warm {r['warm']:6.3f} s  ({r['ratio']:6.2f}x)  CPU {r['cpu_first'] * 1e3:6.0f} /"
+                          f" {r['cpu_warm'] * 1e3:4.0f} ms ({r['cpu_ratio']:6.2f}x)  faults {r['faults_first']:6.0f} /"
+                          f" {r['faults_warm']:4.0f}  private {r['private_start'] / 2**20:4.0f}"
                           f" -> {r['private'] / 2**20:4.0f} MiB", flush=True)
             for mode, runs in results.items():
                 med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-                spread = (min(r["ratio"] for r in runs), max(r["ratio"] for r in runs))
-                rows.append((actors, mode, med, spread))
+                rows.append((actors, mode, med, runs))
     finally:
         ray.shutdown()
     load_after = os.getloadavg()
@@ -181,17 +199,26 @@ def main() -> None:
         f"columns (the floor: the tensors as numpy arrays only); median of {trials} trial(s), each with fresh",
         f"actors (new processes) and {args.calls} calls of the same object, each after a {args.pause:g} s pause; each call",
         "reads every byte. \"start\": creation to `__init__` done; \"first\"/\"warm\": the first call / the median",
-        "of the last half; \"first / warm\": the median of the trials' ratios (their range in brackets); the",
-        "target is <= 1.5x for `warm_up()`. Private memory: each actor's resident anonymous memory",
-        "(`RssAnon`) when started and after the calls, averaged over actors.",
+        "of the last half, in wall-clock time seen by the driver, and in CPU time of the actor's process (all",
+        "its threads, averaged over actors: less sensitive to other load on the machine) with its minor page",
+        "faults; \"first / warm\": the median of the trials' ratios (their range in brackets); the target is",
+        "<= 1.5x for `warm_up()`. Private memory: each actor's resident anonymous memory (`RssAnon`) when",
+        "started and after the calls, averaged over actors.",
         "",
-        "| actors | mode | start (s) | first batch (s) | warm batch (s) | first / warm | private at start | private after |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| actors | mode | start (s) | first batch (s) | warm batch (s) | first / warm | actor CPU first / warm (ms) |"
+        " CPU first / warm | page faults first / warm | private at start | private after |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for actors, mode, med, (low, high) in rows:
+
+    def ratio(runs: list, key: str) -> str:
+        values = [r[key] for r in runs]
+        return f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})"
+
+    for actors, mode, med, runs in rows:
         lines.append(f"| {actors} | {mode} | {med['start']:.2f} | {med['first']:.3f} | {med['warm']:.3f} |"
-                     f" {med['ratio']:.2f}x ({low:.2f}-{high:.2f}) | {med['private_start'] / 2**20:.0f} MiB |"
-                     f" {med['private'] / 2**20:.0f} MiB |")
+                     f" {ratio(runs, 'ratio')} | {med['cpu_first'] * 1e3:.0f} / {med['cpu_warm'] * 1e3:.0f} |"
+                     f" {ratio(runs, 'cpu_ratio')} | {med['faults_first']:.0f} / {med['faults_warm']:.0f} |"
+                     f" {med['private_start'] / 2**20:.0f} MiB | {med['private'] / 2**20:.0f} MiB |")
     save("\n".join(lines) + "\n", out)
 
 
