@@ -18,9 +18,11 @@ name in ``/proc``), checked against the mapping's device and inode, found once
 per file and process. The first object received in a store mapping maps that
 whole mapping a second time with ``MAP_PRIVATE`` (its *twin*, kept for the
 process's life); each object is a lease on its bytes there. Reads come from the
-store's own pages (no copy), and the twin's page tables, filled once, serve
-every later object in the same memory: receiving costs what a zero-copy view
-costs. A write copies only the page it touches, in this process alone.
+store's own pages (no copy). Nothing is mapped up front: a page's table entry is
+filled when the page is first read, as for any view of the store (a receiver
+pays only for the pages it reads), and it stays, serving every later object in
+the same memory: receiving costs what a zero-copy view costs. A write copies
+only the page it touches, in this process alone.
 
 Lifetime: an unwritten page of the twin shows the file's *current* contents, so
 a lease must not outlive its object: each view keeps the original buffers (and
@@ -221,7 +223,6 @@ _LIBC = _libc()
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _MAP_NORESERVE = 0x4000  # no commit charge for the twin: it copies only the pages written
 _MADV_DONTNEED = 4
-_MADV_POPULATE_READ = 22  # Linux 5.14+: fill the page tables with the file's pages, copying nothing
 
 
 def _map_private(fd: int, offset: int, length: int) -> int:
@@ -238,14 +239,6 @@ def _map_private(fd: int, offset: int, length: int) -> int:
         errno = ctypes.get_errno()
         raise OSError(errno, f"mmap of {length} bytes: {os.strerror(errno)}")
     return address
-
-
-def _populate(address: int, length: int) -> None:
-    """Fill the page tables up front (one call, not a fault per page on first read; a
-    no-op where they are filled already). ``MAP_POPULATE`` would copy every page of a
-    writable private mapping; older kernels refuse this, and pages are then mapped as read."""
-    assert _LIBC is not None
-    _LIBC.madvise(address, length, _MADV_POPULATE_READ)
 
 
 def _private_pages(address: int, pages: int) -> list[tuple[int, int]]:
@@ -326,24 +319,12 @@ class _Twin:
     always lies under a live lease.
     """
 
-    __slots__ = ("region", "address", "leases", "filled")
+    __slots__ = ("region", "address", "leases")
 
     def __init__(self, region: _Region, fd: int):
         self.region = region
         self.address = _map_private(fd, region.offset, region.end - region.start)
         self.leases: dict[int, tuple[int, int]] = {}
-        self.filled = np.zeros(-(-(region.end - region.start) // _PAGE), dtype=bool)  # pages populated once
-
-    def populate(self, lo: int, hi: int) -> None:
-        """Fill the page tables of bytes ``[lo, hi)`` where they were never filled. They
-        stay filled across objects (the store reuses its memory); where the kernel
-        dropped them meanwhile, pages are mapped again as they are read."""
-        first, last = lo // _PAGE, -(-hi // _PAGE)
-        todo = np.flatnonzero(~self.filled[first:last])
-        if todo.size:
-            start, end = first + int(todo[0]), first + int(todo[-1]) + 1
-            _populate(self.address + start * _PAGE, (end - start) * _PAGE)
-            self.filled[start:end] = True
 
     def admit(self, lo: int, hi: int) -> int | None:
         """Register bytes ``[lo, hi)`` as a new lease (under ``_lock``); ``None`` if they
@@ -425,7 +406,6 @@ class _PrivateMapping:
 
     def __init__(self, fd: int, file_offset: int, length: int, sources: list[pa.Buffer]):
         self.address, self.length = _map_private(fd, file_offset, length), length
-        _populate(self.address, length)
         self.sources = sources  # keeps the object (pinned by these buffers) alive as long as the mapping
         _own_mappings.add(self)
 
@@ -451,7 +431,6 @@ def _map_group(region: _Region, buffers: list[pa.Buffer], every: set[_Region]) -
     with _lock:
         serial = twin.admit(first - region.start, last - region.start)
     if serial is not None:
-        twin.populate(first - region.start, last - region.start)
         whole = pa.foreign_buffer(twin.address + (first - region.start), last - first, base=_Lease(twin, serial, buffers))
     else:
         file_start = region.offset + (first - region.start)

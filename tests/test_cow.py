@@ -22,6 +22,7 @@ import sysconfig
 import tempfile
 import time
 
+import numpy as np
 import pyarrow as pa
 import pytest
 import torch
@@ -72,6 +73,16 @@ def batch(rows: int = 64, cols: int = 4096, seed: int = 0) -> DataProto:
     return DataProto(TensorDict({"input_ids": ids, "logp": jagged}, batch_size=[rows]))
 
 
+def mapped_fraction(t: torch.Tensor) -> float:
+    """The fraction of ``t``'s pages that have a page-table entry in this process (``/proc/self/pagemap``, bit 63)."""
+    first = t.data_ptr() // mmap.PAGESIZE
+    last = -(-(t.data_ptr() + t.numel() * t.element_size()) // mmap.PAGESIZE)
+    with open("/proc/self/pagemap", "rb", buffering=0) as pagemap:
+        raw = os.pread(pagemap.fileno(), (last - first) * 8, first * 8)
+    entries = [int.from_bytes(raw[i : i + 8], "little") for i in range(0, len(raw), 8)]
+    return sum(e >> 63 for e in entries) / (last - first)
+
+
 def write_everything(dp: DataProto) -> None:
     dp.batch["input_ids"].add_(1)
     dp.batch["logp"].values().add_(1)
@@ -104,6 +115,17 @@ if __name__ != "__main__":
         def warm_up(self):
             transport.warm_up()
             return len(_shm._twins)
+
+        def modules(self, *received):
+            return sorted(sys.modules)
+
+        def mapped_as_read(self, dp):
+            ids = dp.batch["input_ids"]
+            received = mapped_fraction(ids)
+            int(ids[0].sum())  # the first row: 8 of its 512 pages
+            one_row = mapped_fraction(ids)
+            int(ids.sum())
+            return received, one_row, mapped_fraction(ids)
 
     Reader = ray.remote(num_cpus=0)(_Reader)
 
@@ -138,6 +160,38 @@ def test_warm_up_maps_the_store_once(readers):
     assert ray.get(readers[0].warm_up.remote()) == 1  # the store's twin is mapped before the first batch
     assert ray.get(readers[0].private_view.remote(ray.put(batch())))
     assert ray.get(readers[0].warm_up.remote()) == 1
+
+
+def test_warm_up_imports_nothing_a_receiver_does_not(ray_session):
+    """warm_up() primes receiving: a fresh actor that receives a batch with every kind of
+    column imports at least what warm_up() does (pyarrow would import pandas for an
+    object column encoded in warm_up, which decoding never needs)."""
+    dp = batch()
+    dp.non_tensor_batch["uid"] = np.array([f"uid-{i}" for i in range(len(dp))], dtype=object)
+    receiver, warmed = Reader.remote(), Reader.remote()
+    try:
+        received = set(ray.get(receiver.modules.remote(ray.put(dp))))
+        ray.get(warmed.warm_up.remote())
+        warmed_up = set(ray.get(warmed.modules.remote()))
+    finally:
+        ray.kill(receiver)
+        ray.kill(warmed)
+    assert "arrow_dataproto._objects" in received and "pandas" not in received
+    assert sorted(warmed_up - received) == []
+
+
+@LINUX
+def test_a_receiver_maps_only_the_pages_it_reads(ray_session):
+    """Receiving fills no page tables up front (a fresh process pays for the pages it
+    reads, as with any view of the store); reading fills them."""
+    fresh = Reader.remote()  # a new process: none of the store is mapped in it yet
+    try:
+        received, one_row, everything = ray.get(fresh.mapped_as_read.remote(ray.put(batch())))
+    finally:
+        ray.kill(fresh)
+    assert received < 0.25  # at most the neighbours of buffers the decoder reads (fault-around)
+    assert one_row < 0.25
+    assert everything == 1.0
 
 
 @LINUX
