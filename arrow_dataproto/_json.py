@@ -19,8 +19,11 @@ double or nonzero below its smallest are errors; ints exact at any size).
 from __future__ import annotations
 
 import gc
+import itertools
 import json
+import operator
 import re
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -47,6 +50,10 @@ def same(a: Any, b: Any) -> bool:
     if t is float and a != a:
         return b != b
     return a == b
+
+
+_not_none = partial(operator.is_not, None)
+_NONE = type(None)
 
 
 JSON_MAX_DEPTH = 200
@@ -113,64 +120,110 @@ def _is_json_leaf(value: Any, kind: type) -> bool:
     return kind is float and value - value == 0.0
 
 
-def census(rows: list, types: frozenset[type], depth: int) -> int | None:
+def census(rows: list, types: frozenset[type], depth: int) -> tuple[set[type], int] | None:
     """Whether every value of ``rows`` is of one of ``types`` (exact types) and no row holds
     lists and dicts more than ``depth`` deep (a row that is a list: 1). One level of
     nesting at a time, through ``gc.get_referents`` (the items of lists, the values of
     dicts, and their keys only when one is not an exact ``str``, which is exactly when
     CPython's dict visits its keys): C speed, no recursion, and no other object is
-    entered. Returns the number of ``None`` values inside the rows, or None when a type or
-    the depth rules the column out."""
-    level, nones = rows, 0
+    entered. Returns the types found (at any depth, the rows' own included) and, when
+    ``float`` is among them, the number of ``None`` values inside the rows (JSON writes NaN
+    and the infinities as ``null`` too), else 0; or None when a type or the depth rules the
+    column out."""
+    level, found, with_none = rows, set(), []
     for position in range(1, depth + 2):
         kinds = set(map(type, level))
         if not kinds <= types:
             return None
-        if position > 1:
-            nones += level.count(None)  # exact builtin types only: no user __eq__ runs
+        found |= kinds
+        if position > 1 and _NONE in kinds:
+            with_none.append(level)  # counted only if a float turns up (exact builtin types: no user __eq__ runs)
         if list not in kinds and dict not in kinds:
-            return nones
+            return found, sum(map(list.count, with_none, itertools.repeat(None))) if float in found else 0
         if position > depth:
             return None
         level = gc.get_referents(*level)  # the items of this level's containers (others have none)
     return None  # unreachable: the loop returns at position depth + 1
 
 
-def json_texts(rows: list) -> tuple[list[bytes], bytes] | None:
-    """The compact JSON text (UTF-8) of each row (``b""`` for a ``None`` row) and the texts
-    joined, or None when a row is not JSON (:func:`_is_json`).
+CHUNK_ROWS = 256
+"""Rows :func:`json_texts` checks and writes, and :func:`load_json_column` reads and
+verifies, at a time: few enough that one pass leaves a chunk's objects in the CPU cache
+for the next (the census, then orjson; ``orjson.loads``, then ``orjson.dumps``)."""
+_STRICT = _orjson.OPT_STRICT_INTEGER
+"""orjson refuses ints beyond ``±(2**53 - 1)``: what it writes with it holds no int beyond int64."""
 
-    orjson writes the text; it refuses non-``str`` keys, ints beyond 64 bits and surrogates,
-    and :func:`census` refuses every other type and the depth. What orjson would
-    write inexactly is left: NaN/infinities (``null``) and ints in ``[2**63, 2**64)``;
-    their traces in the text (more ``null`` than ``None`` values, 19 digits in a row) send
-    the column to the reference walk."""
-    nones = census(rows, JSON_TYPES, JSON_MAX_DEPTH)
-    if nones is None:
-        return None
-    try:
-        texts = [b"" if row is None else _orjson.dumps(row) for row in rows]
-    except TypeError:  # orjson.JSONEncodeError: a non-str key, a huge int, a surrogate
-        return _stdlib_texts(rows)
-    joined = b"".join(texts)
-    if joined.count(b"null") > nones or _has_long_digits(joined):
-        if not all(map(_is_json, rows)):
+
+def json_texts(rows: list) -> tuple[np.ndarray, bytes | bytearray] | None:
+    """The compact JSON texts (UTF-8) of the rows end to end, and where each row's text starts
+    and ends in them (``len(rows) + 1`` int64 offsets; a ``None`` row is an empty text), or
+    None when a row is not JSON (:func:`_is_json`).
+
+    A chunk of :data:`CHUNK_ROWS` rows at a time: :func:`census` refuses every type but the
+    exact JSON ones and the depth, then orjson writes the text; it refuses non-``str`` keys,
+    ints beyond 64 bits and surrogates (then every row goes to :func:`_stdlib_texts`). What
+    orjson would write inexactly is left: NaN/infinities (``null``) and ints in
+    ``[2**63, 2**64)``. Where the census found a float, more ``null`` than ``None`` values in
+    the text, and where orjson refused an int beyond 53 bits, 19 digits in a row in the text,
+    send that chunk to the reference walk."""
+    joined, ends = bytearray(), []
+    for start in range(0, len(rows), CHUNK_ROWS):
+        chunk = rows[start : start + CHUNK_ROWS]
+        found = census(chunk, JSON_TYPES, JSON_MAX_DEPTH)
+        if found is None:
             return None
-    return texts, joined
+        kinds, nones = found
+        present = list(filter(_not_none, chunk))
+        begin, long_digits = len(joined), False
+        try:
+            ends.append(_dump_all(present, joined, _STRICT))
+        except TypeError:  # orjson.JSONEncodeError: an int beyond 53 bits, or what it refuses below
+            del joined[begin:]
+            try:
+                ends.append(_dump_all(present, joined, 0))
+            except TypeError:  # a non-str key, a huge int, a surrogate
+                return _stdlib_texts(rows)
+            long_digits = _has_long_digits(bytes(joined[begin:]))
+        if long_digits or (float in kinds and joined.count(b"null", begin) > nones):
+            if not all(map(_is_json, chunk)):
+                return None
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    if ends:
+        present_ends = np.concatenate(ends)
+        if len(present_ends) == len(rows):
+            offsets[1:] = present_ends
+        else:
+            valid = np.fromiter(map(_not_none, rows), dtype=bool, count=len(rows))
+            offsets[1:][valid] = present_ends
+            np.maximum.accumulate(offsets, out=offsets)  # a None row ends where the row before it does
+    return offsets, joined
 
 
-def _stdlib_texts(rows: list) -> tuple[list[bytes], bytes] | None:
+def _dump_all(rows: list, joined: bytearray, option: int) -> np.ndarray:
+    """Append orjson's text of each row to ``joined``; where each ends in it.
+
+    Each text is appended and dropped at once: holding thousands of orjson's results alive
+    (a list of them, then ``b"".join``) makes each further ``orjson.dumps`` slower, up to
+    20 times (memory allocation), while appending costs one copy of the bytes."""
+    texts = map(_orjson.dumps, rows, itertools.repeat(None), itertools.repeat(option))  # (value, default, option)
+    appended = map(operator.iadd, itertools.repeat(joined), texts)  # each gives ``joined``
+    return np.fromiter(map(len, appended), dtype=np.int64, count=len(rows))
+
+
+def _stdlib_texts(rows: list) -> tuple[np.ndarray, bytes] | None:
     """Where orjson refuses (a string holds a surrogate, which has no UTF-8; or a row is not
     JSON): the reference walk, then the stdlib encoder, ASCII-escaped (``\\uXXXX``). A string
     holding a high surrogate then a low one (a pair split into two code points) would read
-    back as one character: not JSON."""
+    back as one character: not JSON. Returns what :func:`json_texts` does."""
     if not all(map(_is_json, rows)):
         return None
     texts = [b"" if row is None else _JSON_ASCII(row).encode() for row in rows]
     for row, text in zip(rows, texts):
         if row is not None and not same(row, JSON_DECODER.decode(text.decode())):
             return None
-    return texts, b"".join(texts)
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)), out=offsets[1:])
+    return offsets, b"".join(texts)
 
 
 _JSON_ASCII = ascii_json_encoder()

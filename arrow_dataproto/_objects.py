@@ -381,12 +381,9 @@ class Json:
         written = json_texts(rows)
         if written is None:
             return None
-        texts, joined = written
-        lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
-        offsets = np.zeros(len(texts) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        valid = np.fromiter(map(_not_none, rows), dtype=bool, count=len(rows))
-        nulls = len(rows) - int(valid.sum())
+        offsets, joined = written
+        valid = np.diff(offsets) > 0  # a None row's text is empty, a JSON text never is
+        nulls = len(rows) - int(np.count_nonzero(valid))
         bitmap = pa.array(valid).buffers()[1] if nulls else None
         small = offsets[-1] <= MAX_STRING_BYTES
         storage = pa.Array.from_buffers(
