@@ -193,18 +193,18 @@ def _may_be_native(group: list, depth: int = 3) -> bool:
     of all the keys). Looks ``depth`` positions deep; True means "try": :meth:`Object.encode`
     still checks every value. A cheap test that spares the native attempt for most columns
     that would fail it (most JSON columns)."""
-    present = list(filter(_not_none, group))
-    types = set(map(type, present))
+    types = set(map(type, group))
+    types.discard(type(None))
     if len(types) != 1 or depth == 0:
         return len(types) <= 1
     kind = types.pop()
+    present = list(filter(_not_none, group)) if kind is list or kind is dict else []
     if kind is list:
         return _may_be_native(list(itertools.chain.from_iterable(present)), depth - 1)
     if kind is dict:
         keys = tuple(present[0])
-        for row in present:  # stops at the first other keys (most JSON columns: soon)
-            if tuple(row) != keys:
-                return False
+        if not all(map(keys.__eq__, map(tuple, present))):  # stops at the first other keys (most JSON columns: soon)
+            return False
         return all(_may_be_native(list(field), depth - 1) for field in zip(*map(dict.values, present)))
     return True
 
