@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 import orjson as _orjson
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ._compat import ascii_json_encoder
 
@@ -265,7 +264,7 @@ JSON_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_ex
 a double cannot hold, ints exact at any size."""
 
 
-def _load_json(text: bytes | memoryview) -> Any:
+def _load_json(text: bytes) -> Any:
     """One row's value from its JSON text, exactly or ``ValueError``: orjson's value when
     orjson writes it back as this very text (then no key was merged, no number rounded to
     infinity or zero, no escape misread: the text is the canonical form of that value), else
@@ -279,35 +278,37 @@ def _load_json(text: bytes | memoryview) -> Any:
     return JSON_DECODER.decode(str(text, "utf-8"))
 
 
+def _load_canonical(texts: list[bytes]) -> list | None:
+    """What :func:`_load_json` gives for each text when every one is the canonical text of its
+    value (orjson writes the value it reads back as that very text), else None: the same
+    check, a C call per row and no Python frame."""
+    try:
+        values = list(map(_orjson.loads, texts))
+        if all(map(operator.eq, map(_orjson.dumps, values), texts)):
+            return values
+    except (TypeError, ValueError):  # orjson.JSONDecodeError, or a surrogate it cannot write
+        pass
+    return None
+
+
 def load_json_column(storage: pa.Array) -> np.ndarray:
     """The rows of a string column of JSON texts (a null: ``None``), exactly.
 
-    The fast path parses every row with one orjson call (the texts joined with commas into
-    one array) and writes the values back: when the written texts have the lengths of the
-    stored ones and the same bytes end to end, each row's text is the canonical text of its
-    value. Otherwise each row alone (:func:`_load_json`)."""
+    :data:`CHUNK_ROWS` rows at a time: orjson reads each row and writes the values back;
+    when every written text is the stored one, the chunk's values are orjson's
+    (:func:`_load_canonical`), else each row of the chunk is read alone (:func:`_load_json`;
+    ``ValueError`` naming the first row that is not JSON)."""
     out = np.empty(len(storage), dtype=object)
     valid = storage if storage.null_count == 0 else storage.drop_null()
-    if len(valid) == 0:
-        return out
-    offsets = np.frombuffer(valid.buffers()[1], dtype=np.int64 if valid.type == pa.large_string() else np.int32)
-    offsets = offsets[valid.offset : valid.offset + len(valid) + 1]
-    data = memoryview(valid.buffers()[2]).cast("B")[offsets[0] : offsets[-1]]  # unsigned: compares equal to bytes
-    values = None
-    try:
-        joined = pc.binary_join(pa.ListArray.from_arrays([0, len(valid)], valid), ",")
-        parsed = _orjson.loads(b"[" + joined[0].as_buffer() + b"]")
-        if len(parsed) == len(valid):
-            written = list(map(_orjson.dumps, parsed))
-            lengths = np.fromiter(map(len, written), dtype=np.int64, count=len(written))
-            if np.array_equal(lengths, np.diff(offsets)) and b"".join(written) == data:
-                values = parsed
-    except (TypeError, ValueError, pa.ArrowException):  # a row orjson refuses or cannot write back
-        pass
-    if values is None:
-        base, values = int(offsets[0]), []
-        texts = (data[a - base : b - base] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()))
-        for i, text in enumerate(texts):
+    texts = valid.view(pa.large_binary() if valid.type == pa.large_string() else pa.binary()).to_pylist()
+    values: list = []
+    for start in range(0, len(texts), CHUNK_ROWS):
+        chunk = texts[start : start + CHUNK_ROWS]
+        canonical = _load_canonical(chunk)
+        if canonical is not None:
+            values += canonical
+            continue
+        for i, text in enumerate(chunk, start):
             try:
                 values.append(_load_json(text))
             except (ValueError, RecursionError) as exc:

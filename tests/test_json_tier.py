@@ -473,3 +473,14 @@ def test_census_counts_nones_only_when_a_float_may_be_written_as_null():
     assert census([[None, "a"], {"b": None}], JSON_TYPES, JSON_MAX_DEPTH) == ({list, dict, str, type(None)}, 0)
     assert census([[None, 1.5], {"b": None}, None], JSON_TYPES, JSON_MAX_DEPTH) == ({list, dict, float, type(None)}, 2)
     assert census([[(1,)]], JSON_TYPES, JSON_MAX_DEPTH) is None
+
+
+def test_chunk_by_chunk_decode_reads_each_chunk_the_way_its_texts_ask():
+    texts = ['{"a":1}', None, "[1,2]", '{"b": 2.5}', '"x"', "1e2", None, "[]"]  # rows 3 and 5 not canonical
+    expected = objects({"a": 1}, None, [1, 2], {"b": 2.5}, "x", 100.0, None, [])
+    with _chunks_of(2):
+        assert strict_equal(expected, decode_column("col", _json(texts), META, allow_pickle=False))
+        with pytest.raises(DecodeError, match="row 7 is not JSON"):  # the row of the column, nulls counted
+            decode_column("col", _json([*texts[:6], None, '{"a":1,"a":2}']), META, allow_pickle=False)
+        with pytest.raises(DecodeError, match="row 2 is not JSON"):  # of the column, not of the slice
+            decode_column("col", _json(["1", "2", "3", "NaN", "5"]).slice(1), META, allow_pickle=False)
