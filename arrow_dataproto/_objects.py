@@ -209,6 +209,8 @@ def _may_be_native(group: list, depth: int = 3) -> bool:
     return True
 
 
+_FIRST_ROWS = 64
+"""Rows :meth:`Object.encode` checks with :func:`_may_be_native` before all of them."""
 _NATIVE_TYPES = JSON_TYPES | {bytes}
 """What a native object column may hold: :meth:`Object.encode` gives any other type (a
 tuple, a subclass) back as another, so it does not try."""
@@ -343,7 +345,11 @@ class Object:
         if values.ndim != 1:
             return None
         rows = values.tolist()
-        if not _may_be_native(rows) or census(rows, _NATIVE_TYPES, MAX_NESTING - 1) is None:
+        # ruled out on some rows is ruled out on all (a position only gains values): most JSON
+        # columns are ruled out on their first rows, before a pass over the whole column
+        if not _may_be_native(rows[:_FIRST_ROWS]) or not _may_be_native(rows):
+            return None
+        if census(rows, _NATIVE_TYPES, MAX_NESTING - 1) is None:
             return None  # deeper than MAX_NESTING fields: Arrow's IPC format refuses it (pa.array crashes far deeper)
         plain = _plain_kind(rows)
         try:

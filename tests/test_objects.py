@@ -718,3 +718,19 @@ def test_may_be_native_rules_out_what_arrow_cannot_give_back(case):
 
     group, expected = MAY_BE_NATIVE[case]
     assert _may_be_native(group) is expected
+
+
+_nativeish = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=False) | st.text(max_size=2),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from("ab"), inner, max_size=2),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_nativeish, max_size=8), st.integers(0, 8))
+def test_may_be_native_ruled_out_on_first_rows_is_ruled_out_on_all(rows, first):
+    """Object.encode asks about the first rows before all of them: a verdict False must hold."""
+    from arrow_dataproto._objects import _may_be_native
+
+    assert _may_be_native(rows) <= _may_be_native(rows[:first])
