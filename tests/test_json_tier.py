@@ -484,3 +484,21 @@ def test_chunk_by_chunk_decode_reads_each_chunk_the_way_its_texts_ask():
             decode_column("col", _json([*texts[:6], None, '{"a":1,"a":2}']), META, allow_pickle=False)
         with pytest.raises(DecodeError, match="row 2 is not JSON"):  # of the column, not of the slice
             decode_column("col", _json(["1", "2", "3", "NaN", "5"]).slice(1), META, allow_pickle=False)
+
+
+@pytest.mark.parametrize(
+    "texts, expected",
+    [
+        (["1,2", "[3", "4]"], "row 0 is not JSON"),  # joined with commas, "[1,2,[3,4]]": three values, other rows
+        (['{"a":1', '"b":2}'], "row 0 is not JSON"),
+        (["1 ", " 2", "[3 ,4]"], [1, 2, [3, 4]]),  # whitespace beside the commas of the join: read row by row
+        (['"a,b"', '"c"'], ["a,b", "c"]),
+    ],
+)
+def test_a_chunk_is_checked_row_by_row_not_as_one_text(texts, expected):
+    array = _json(texts)
+    if isinstance(expected, str):
+        with pytest.raises(DecodeError, match=expected):
+            decode_column("col", array, META, allow_pickle=False)
+    else:
+        assert strict_equal(objects(*expected), decode_column("col", array, META, allow_pickle=False))
