@@ -19,6 +19,7 @@ double or nonzero below its smallest are errors; ints exact at any size).
 from __future__ import annotations
 
 import gc
+import io
 import itertools
 import json
 import operator
@@ -153,7 +154,7 @@ _STRICT = _orjson.OPT_STRICT_INTEGER
 """orjson refuses ints beyond ``±(2**53 - 1)``: what it writes with it holds no int beyond int64."""
 
 
-def json_texts(rows: list) -> tuple[np.ndarray, bytes | bytearray] | None:
+def json_texts(rows: list) -> tuple[np.ndarray, bytes] | None:
     """The compact JSON texts (UTF-8) of the rows end to end, and where each row's text starts
     and ends in them (``len(rows) + 1`` int64 offsets; a ``None`` row is an empty text), or
     None when a row is not JSON (:func:`_is_json`).
@@ -165,7 +166,7 @@ def json_texts(rows: list) -> tuple[np.ndarray, bytes | bytearray] | None:
     ``[2**63, 2**64)``. Where the census found a float, more ``null`` than ``None`` values in
     the text, and where orjson refused an int beyond 53 bits, 19 digits in a row in the text,
     send that chunk to the reference walk."""
-    joined, ends = bytearray(), []
+    out, lengths = io.BytesIO(), []
     for start in range(0, len(rows), CHUNK_ROWS):
         chunk = rows[start : start + CHUNK_ROWS]
         found = census(chunk, JSON_TYPES, JSON_MAX_DEPTH)
@@ -173,40 +174,48 @@ def json_texts(rows: list) -> tuple[np.ndarray, bytes | bytearray] | None:
             return None
         kinds, nones = found
         present = list(filter(_not_none, chunk))
-        begin, long_digits = len(joined), False
+        begin, long_digits = out.tell(), False
         try:
-            ends.append(_dump_all(present, joined, _STRICT))
+            lengths.append(_write_all(present, out, _STRICT))
         except TypeError:  # orjson.JSONEncodeError: an int beyond 53 bits, or what it refuses below
-            del joined[begin:]
+            out.seek(begin)
+            out.truncate()
             try:
-                ends.append(_dump_all(present, joined, 0))
+                lengths.append(_write_all(present, out, 0))
             except TypeError:  # a non-str key, a huge int, a surrogate
                 return _stdlib_texts(rows)
-            long_digits = _has_long_digits(bytes(joined[begin:]))
-        if long_digits or (float in kinds and joined.count(b"null", begin) > nones):
-            if not all(map(_is_json, chunk)):
+            long_digits = True
+        if long_digits or float in kinds:
+            with out.getbuffer() as written:
+                text = bytes(written[begin:])
+            suspect = (long_digits and _has_long_digits(text)) or (float in kinds and text.count(b"null") > nones)
+            if suspect and not all(map(_is_json, chunk)):
                 return None
-    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-    if ends:
-        present_ends = np.concatenate(ends)
-        if len(present_ends) == len(rows):
-            offsets[1:] = present_ends
-        else:
-            valid = np.fromiter(map(_not_none, rows), dtype=bool, count=len(rows))
-            offsets[1:][valid] = present_ends
-            np.maximum.accumulate(offsets, out=offsets)  # a None row ends where the row before it does
-    return offsets, joined
+    return _offsets(rows, lengths), out.getvalue()  # getvalue: no copy
 
 
-def _dump_all(rows: list, joined: bytearray, option: int) -> np.ndarray:
-    """Append orjson's text of each row to ``joined``; where each ends in it.
+def _write_all(rows: list, out: io.BytesIO, option: int) -> np.ndarray:
+    """Write orjson's text of each row to ``out``; their lengths.
 
-    Each text is appended and dropped at once: holding thousands of orjson's results alive
+    Each text is written and dropped at once: holding thousands of orjson's results alive
     (a list of them, then ``b"".join``) makes each further ``orjson.dumps`` slower, up to
-    20 times (memory allocation), while appending costs one copy of the bytes."""
+    20 times (a fresh page of memory for each, costly on a virtual machine)."""
     texts = map(_orjson.dumps, rows, itertools.repeat(None), itertools.repeat(option))  # (value, default, option)
-    appended = map(operator.iadd, itertools.repeat(joined), texts)  # each gives ``joined``
-    return np.fromiter(map(len, appended), dtype=np.int64, count=len(rows))
+    return np.fromiter(map(out.write, texts), dtype=np.int64, count=len(rows))
+
+
+def _offsets(rows: list, lengths: list[np.ndarray]) -> np.ndarray:
+    """The offsets of texts of the lengths ``lengths`` (of the rows that are not ``None``, in
+    pieces), an empty text for each ``None`` row."""
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    present = np.concatenate(lengths) if lengths else offsets[:0]
+    if len(present) == len(rows):
+        np.cumsum(present, out=offsets[1:])
+    else:
+        full = np.zeros(len(rows), dtype=np.int64)
+        full[np.fromiter(map(_not_none, rows), dtype=bool, count=len(rows))] = present
+        np.cumsum(full, out=offsets[1:])
+    return offsets
 
 
 def _stdlib_texts(rows: list) -> tuple[np.ndarray, bytes] | None:

@@ -447,6 +447,8 @@ LATE = {  # in the third chunk of two rows, after four rows that are JSON
     "infinity_in_dict": ({"a": float("-inf")}, False),
     "uint64": ([2**63], False),
     "int64_beyond_53_bits": ({"a": 2**63 - 1, "b": -(2**63)}, True),
+    "nan_beside_an_int_beyond_53_bits": ([2**54, float("nan")], False),  # 17 digits: no 19-digit trace
+    "float_beside_an_int_beyond_53_bits": ([2**60, 0.5], True),
     "tuple": ({"a": (1,)}, False),
     "int_key": ({1: 2}, False),
     "surrogate": ("lone \ud800", True),
