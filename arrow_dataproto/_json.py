@@ -205,8 +205,8 @@ def _write_all(rows: list, out: io.BytesIO, option: int) -> np.ndarray:
 
 
 def _offsets(rows: list, lengths: list[np.ndarray]) -> np.ndarray:
-    """The offsets of texts of the lengths ``lengths`` (of the rows that are not ``None``, in
-    pieces), an empty text for each ``None`` row."""
+    """The ``len(rows) + 1`` offsets of the rows' texts end to end, from the lengths of the
+    texts of the rows that are not ``None`` (in order, in pieces); a ``None`` row's is empty."""
     offsets = np.zeros(len(rows) + 1, dtype=np.int64)
     present = np.concatenate(lengths) if lengths else offsets[:0]
     if len(present) == len(rows):
