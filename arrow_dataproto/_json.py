@@ -152,6 +152,8 @@ verifies, at a time: few enough that one pass leaves a chunk's objects in the CP
 for the next (the census, then orjson; ``orjson.loads``, then ``orjson.dumps``)."""
 _STRICT = _orjson.OPT_STRICT_INTEGER
 """orjson refuses ints beyond ``±(2**53 - 1)``: what it writes with it holds no int beyond int64."""
+_SCALARS = frozenset({type(None), bool, int, float})
+"""Rows of these types only have texts without a comma."""
 
 
 def json_texts(rows: list) -> tuple[np.ndarray, bytes] | None:
@@ -173,15 +175,15 @@ def json_texts(rows: list) -> tuple[np.ndarray, bytes] | None:
         if found is None:
             return None
         kinds, nones = found
-        present = list(filter(_not_none, chunk))
+        present, scalars = list(filter(_not_none, chunk)), kinds <= _SCALARS
         begin, long_digits = out.tell(), False
         try:
-            lengths.append(_write_all(present, out, _STRICT))
+            lengths.append(_write_all(present, out, _STRICT, scalars))
         except TypeError:  # orjson.JSONEncodeError: an int beyond 53 bits, or what it refuses below
             out.seek(begin)
             out.truncate()
             try:
-                lengths.append(_write_all(present, out, 0))
+                lengths.append(_write_all(present, out, 0, scalars))
             except TypeError:  # a non-str key, a huge int, a surrogate
                 return _stdlib_texts(rows)
             long_digits = True
@@ -194,13 +196,18 @@ def json_texts(rows: list) -> tuple[np.ndarray, bytes] | None:
     return _offsets(rows, lengths), out.getvalue()  # getvalue: no copy
 
 
-def _write_all(rows: list, out: io.BytesIO, option: int) -> np.ndarray:
+def _write_all(rows: list, out: io.BytesIO, option: int, scalars: bool) -> np.ndarray:
     """Write orjson's text of each row to ``out``; their lengths.
 
     Each text is written and dropped at once: holding thousands of orjson's results alive
     (a list of them, then ``b"".join``) makes each further ``orjson.dumps`` slower, up to
-    20 times (a fresh page of memory for each, costly on a virtual machine)."""
-    texts = map(_orjson.dumps, rows, itertools.repeat(None), itertools.repeat(option))  # (value, default, option)
+    20 times (a fresh page of memory for each, costly on a virtual machine). Rows that are
+    all numbers and booleans (``scalars``) are written in one call, as a list, and split at
+    its commas: no such text holds one."""
+    if scalars and rows:
+        texts: Any = _orjson.dumps(rows, None, option)[1:-1].split(b",")
+    else:
+        texts = map(_orjson.dumps, rows, itertools.repeat(None), itertools.repeat(option))  # (value, default, option)
     return np.fromiter(map(out.write, texts), dtype=np.int64, count=len(rows))
 
 

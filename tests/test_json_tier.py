@@ -504,3 +504,12 @@ def test_a_chunk_is_checked_row_by_row_not_as_one_text(texts, expected):
             decode_column("col", array, META, allow_pickle=False)
     else:
         assert strict_equal(objects(*expected), decode_column("col", array, META, allow_pickle=False))
+
+
+def test_chunks_of_numbers_written_in_one_call_give_each_row_its_text():
+    rows = [1, -0.0, 1e16, 5e-324, True, False, None, 2**53 - 1, 2**53, -(2**63), 2**63 - 1, 1.5, -7]
+    for size in (2, 3, 256):
+        with _chunks_of(size):
+            assert _texts(rows) == [b"" if row is None else orjson.dumps(row) for row in rows]
+            assert _texts([*rows, float("nan")]) is None and _texts([*rows, 2**63]) is None
+            assert _texts([None, None]) == [b"", b""]
