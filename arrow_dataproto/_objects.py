@@ -194,22 +194,24 @@ def _may_be_native(group: list, depth: int = 3) -> bool:
     of all the keys). Looks ``depth`` positions deep; True means "try": :meth:`Object.encode`
     still checks every value. A cheap test that spares the native attempt for most columns
     that would fail it (most JSON columns)."""
-    present = list(filter(_not_none, group))
-    types = set(map(type, present))
+    types = set(map(type, group))
+    types.discard(type(None))
     if len(types) != 1 or depth == 0:
         return len(types) <= 1
     kind = types.pop()
+    present = list(filter(_not_none, group)) if kind is list or kind is dict else []
     if kind is list:
         return _may_be_native(list(itertools.chain.from_iterable(present)), depth - 1)
     if kind is dict:
         keys = tuple(present[0])
-        for row in present:  # stops at the first other keys (most JSON columns: soon)
-            if tuple(row) != keys:
-                return False
+        if not all(map(keys.__eq__, map(tuple, present))):  # stops at the first other keys (most JSON columns: soon)
+            return False
         return all(_may_be_native(list(field), depth - 1) for field in zip(*map(dict.values, present)))
     return True
 
 
+_FIRST_ROWS = 64
+"""Rows :meth:`Object.encode` checks with :func:`_may_be_native` before all of them."""
 _NATIVE_TYPES = JSON_TYPES | {bytes}
 """What a native object column may hold: :meth:`Object.encode` gives any other type (a
 tuple, a subclass) back as another, so it does not try."""
@@ -377,6 +379,10 @@ class Object:
         if values.ndim != 1:
             return None
         rows = values.tolist()
+        # ruled out on some rows is ruled out on all (a position only gains values): most JSON
+        # columns are ruled out on their first rows, before a pass over the whole column
+        if not _may_be_native(rows[:_FIRST_ROWS]):
+            return None
         if census(rows, _NATIVE_TYPES, MAX_NESTING - 1) is None:
             return None  # deeper than MAX_NESTING fields: Arrow's IPC format refuses it (pa.array crashes far deeper)
         plain = _plain_kind(rows)
@@ -418,12 +424,9 @@ class Json:
         written = json_texts(rows)
         if written is None:
             return None
-        texts, joined = written
-        lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
-        offsets = np.zeros(len(texts) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        valid = np.fromiter(map(_not_none, rows), dtype=bool, count=len(rows))
-        nulls = len(rows) - int(valid.sum())
+        offsets, joined = written
+        valid = np.diff(offsets) > 0  # a None row's text is empty, a JSON text never is
+        nulls = len(rows) - int(np.count_nonzero(valid))
         bitmap = pa.array(valid).buffers()[1] if nulls else None
         small = offsets[-1] <= MAX_STRING_BYTES
         storage = pa.Array.from_buffers(

@@ -5,12 +5,14 @@ unifies an object column whose later batches infer another Arrow type."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import enum
 import json
 import math
 import re
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
@@ -18,7 +20,8 @@ from hypothesis import strategies as st
 
 import arrow_dataproto as adp
 from arrow_dataproto import _objects, files
-from arrow_dataproto._json import JSON_MAX_DEPTH, _is_json, json_texts
+from arrow_dataproto import _json as _json_module
+from arrow_dataproto._json import JSON_MAX_DEPTH, JSON_TYPES, _is_json, census, json_texts
 from arrow_dataproto._objects import decode_column, encode_column
 from arrow_dataproto.errors import DecodeError, SchemaMismatchError
 from arrow_dataproto.testing import assert_dataproto_equal, strict_equal
@@ -399,3 +402,114 @@ def test_json_decode_fast_path_and_per_row_path_agree():
     assert strict_equal(values, decode_column("col", array, metadata, allow_pickle=False))
     respaced = _json([None if t is None else t.replace(":", ": ") for t in texts])  # each row on the slow path
     assert strict_equal(values, decode_column("col", respaced, META, allow_pickle=False))
+
+
+# ---------------------------------------------------------------- chunk by chunk (issue 21)
+# json_texts and load_json_column take CHUNK_ROWS rows at a time: with chunks of 2 rows the
+# verdicts and the texts must be those of one pass over the whole column.
+
+
+@contextlib.contextmanager
+def _chunks_of(n):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_json_module, "CHUNK_ROWS", n)
+        yield
+
+
+def _texts(rows):
+    """The texts json_texts writes for rows (None: not JSON), one row after another."""
+    written = json_texts(rows)
+    if written is None:
+        return None
+    offsets, joined = written
+    assert offsets[0] == 0 and offsets[-1] == len(joined) and (np.diff(offsets) >= 0).all()
+    return [bytes(joined[a:b]) for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_near_json, max_size=7))
+def test_chunk_by_chunk_agrees_with_the_reference_walk_and_writes_the_same_texts(rows):
+    expected = all(map(_is_json, rows)) and not _split_pair(rows)
+    whole = _texts(rows)
+    with _chunks_of(2):
+        chunked = _texts(rows)
+    assert (chunked is not None) == expected and chunked == whole
+    if expected:
+        try:
+            texts = [b"" if row is None else orjson.dumps(row) for row in rows]
+        except TypeError:  # a surrogate: every row escaped by the stdlib encoder
+            texts = [b"" if row is None else json.dumps(row, separators=(",", ":")).encode() for row in rows]
+        assert chunked == texts
+
+
+LATE = {  # in the third chunk of two rows, after four rows that are JSON
+    "nan": (float("nan"), False),
+    "infinity_in_dict": ({"a": float("-inf")}, False),
+    "uint64": ([2**63], False),
+    "int64_beyond_53_bits": ({"a": 2**63 - 1, "b": -(2**63)}, True),
+    "nan_beside_an_int_beyond_53_bits": ([2**54, float("nan")], False),  # 17 digits: no 19-digit trace
+    "float_beside_an_int_beyond_53_bits": ([2**60, 0.5], True),
+    "tuple": ({"a": (1,)}, False),
+    "int_key": ({1: 2}, False),
+    "surrogate": ("lone \ud800", True),
+    "split_pair": ("\ud83d\ude00", False),
+    "null_text_and_a_float": ({"a": "null", "b": 1.5}, True),
+    "digits_in_text": ("1234567890123456789012", True),
+}
+
+
+@pytest.mark.parametrize("case", LATE, ids=list(LATE))
+def test_chunk_by_chunk_what_a_late_chunk_holds_decides(case):
+    value, is_json = LATE[case]
+    values = objects({"a": 1.5}, None, [1, None], "é", value, None)
+    with _chunks_of(2):
+        array, metadata = encode_column("col", values)
+        assert metadata["adp.kind"] == ("json" if is_json else "pickle")
+        decoded = decode_column("col", array, metadata, allow_pickle=True)
+    assert strict_equal(values, decoded)
+    if case == "surrogate":  # the escaped texts of every row, the first chunks' too
+        assert array.storage.to_pylist()[:4] == ['{"a":1.5}', None, "[1,null]", '"\\u00e9"']
+
+
+def test_census_counts_nones_only_when_a_float_may_be_written_as_null():
+    assert census([[None, "a"], {"b": None}], JSON_TYPES, JSON_MAX_DEPTH) == ({list, dict, str, type(None)}, 0)
+    assert census([[None, 1.5], {"b": None}, None], JSON_TYPES, JSON_MAX_DEPTH) == ({list, dict, float, type(None)}, 2)
+    assert census([[(1,)]], JSON_TYPES, JSON_MAX_DEPTH) is None
+
+
+def test_chunk_by_chunk_decode_reads_each_chunk_the_way_its_texts_ask():
+    texts = ['{"a":1}', None, "[1,2]", '{"b": 2.5}', '"x"', "1e2", None, "[]"]  # rows 3 and 5 not canonical
+    expected = objects({"a": 1}, None, [1, 2], {"b": 2.5}, "x", 100.0, None, [])
+    with _chunks_of(2):
+        assert strict_equal(expected, decode_column("col", _json(texts), META, allow_pickle=False))
+        with pytest.raises(DecodeError, match="row 7 is not JSON"):  # the row of the column, nulls counted
+            decode_column("col", _json([*texts[:6], None, '{"a":1,"a":2}']), META, allow_pickle=False)
+        with pytest.raises(DecodeError, match="row 2 is not JSON"):  # of the column, not of the slice
+            decode_column("col", _json(["1", "2", "3", "NaN", "5"]).slice(1), META, allow_pickle=False)
+
+
+@pytest.mark.parametrize(
+    "texts, expected",
+    [
+        (["1,2", "[3", "4]"], "row 0 is not JSON"),  # joined with commas, "[1,2,[3,4]]": three values, other rows
+        (['{"a":1', '"b":2}'], "row 0 is not JSON"),
+        (["1 ", " 2", "[3 ,4]"], [1, 2, [3, 4]]),  # whitespace beside the commas of the join: read row by row
+        (['"a,b"', '"c"'], ["a,b", "c"]),
+    ],
+)
+def test_a_chunk_is_checked_row_by_row_not_as_one_text(texts, expected):
+    array = _json(texts)
+    if isinstance(expected, str):
+        with pytest.raises(DecodeError, match=expected):
+            decode_column("col", array, META, allow_pickle=False)
+    else:
+        assert strict_equal(objects(*expected), decode_column("col", array, META, allow_pickle=False))
+
+
+def test_chunks_of_numbers_written_in_one_call_give_each_row_its_text():
+    rows = [1, -0.0, 1e16, 5e-324, True, False, None, 2**53 - 1, 2**53, -(2**63), 2**63 - 1, 1.5, -7]
+    for size in (2, 3, 256):
+        with _chunks_of(size):
+            assert _texts(rows) == [b"" if row is None else orjson.dumps(row) for row in rows]
+            assert _texts([*rows, float("nan")]) is None and _texts([*rows, 2**63]) is None
+            assert _texts([None, None]) == [b"", b""]

@@ -759,3 +759,42 @@ def test_plain_text_past_32_bit_offsets_is_converted_once_as_large_strings(monke
     array, metadata = encode_column("text", values)
     assert array.type == pa.large_string() and calls == [pa.large_string()]
     assert_array_identical(values, decode_column("text", array, metadata, allow_pickle=False))
+
+
+MAY_BE_NATIVE = {  # _may_be_native: a cheap "no Arrow type gives these back" before the native attempt
+    "one_type_and_nones": ([1, None, 2], True),
+    "int_and_float": ([1, None, 2.5], False),
+    "same_keys": ([{"a": 1, "b": "x"}, None, {"a": 2, "b": "y"}], True),
+    "other_key_order": ([{"a": 1, "b": "x"}, {"b": "y", "a": 2}], False),
+    "other_keys_late": ([{"a": 1}] * 50 + [{"a": 1, "b": 2}], False),
+    "field_mixes_types": ([{"a": 1}, {"a": "x"}], False),
+    "lists_of_dicts": ([[{"a": 1}], [], None, [{"a": 2}, {"a": 3}]], True),
+    "lists_of_other_dicts": ([[{"a": 1}], [{"b": 1}]], False),
+    "str_and_dict": (["ab", {"a": 1, "b": 2}], False),
+    "all_none": ([None, None], True),
+    "deeper_than_looked": ([[[[[1]]]], [[[["x"]]]]], True),  # the rows and 3 positions below: not the 5th
+}
+
+
+@pytest.mark.parametrize("case", MAY_BE_NATIVE, ids=list(MAY_BE_NATIVE))
+def test_may_be_native_rules_out_what_arrow_cannot_give_back(case):
+    from arrow_dataproto._objects import _may_be_native
+
+    group, expected = MAY_BE_NATIVE[case]
+    assert _may_be_native(group) is expected
+
+
+_nativeish = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=False) | st.text(max_size=2),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from("ab"), inner, max_size=2),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_nativeish, max_size=8), st.integers(0, 8))
+def test_may_be_native_ruled_out_on_first_rows_is_ruled_out_on_all(rows, first):
+    """Object.encode asks about the first rows before all of them: a verdict False must hold."""
+    from arrow_dataproto._objects import _may_be_native
+
+    assert _may_be_native(rows) <= _may_be_native(rows[:first])
