@@ -194,60 +194,41 @@ def test_data_outlives_the_putter(tq_on_ray):
     tq.kv_clear(keys=keys(512), partition_id="orphan")
 
 
-def test_the_directory_owns_each_put_after_its_background_copy(tq_on_ray):
+def test_a_put_is_the_writers_object_until_a_reader_needs_the_directorys_own(tq_on_ray):
     import ray
 
     before = held(tq_on_ray)
     data = batch(2048)
     tq.kv_batch_put(keys=keys(2048), partition_id="owned", fields=data)
-    assert ray.get(tq_on_ray.settled.remote())  # the copy is made (none failed)
+    assert held(tq_on_ray) == before + 1  # one object per put
+    mine = ray.put(0).owner_address()
     refs, _ = ray.get(tq_on_ray.locate.remote("owned", ["tokens"], [0]))
-    assert held(tq_on_ray) == before + 1  # the copy replaced the writer's object: one object per put
-    assert refs[0].owner_address() != ray.put(0).owner_address()  # owned by the directory, not by this driver
+    assert refs[0].owner_address() == mine  # the writer's object: no second copy
+    refs, _ = ray.get(tq_on_ray.locate.remote("owned", ["tokens", "uid"], [0, 1], True))
+    assert len(refs) == 1 and refs[0].owner_address() != mine  # asked for: the directory's own copy
+    refs, _ = ray.get(tq_on_ray.locate.remote("owned", ["tokens"], [5]))
+    assert refs[0].owner_address() != mine and held(tq_on_ray) == before + 1  # it replaced the writer's
     assert_same(tq.kv_batch_get(keys=keys(2048), partition_id="owned"), data)
     tq.kv_clear(keys=keys(2048), partition_id="owned")
     assert held(tq_on_ray) == before
 
 
-def _hold_copies(directory, seconds: float) -> None:
-    """Make each of the directory's background copies start ``seconds`` after its put."""
-
-    def patch(self, seconds):
-        import time
-
-        own = type(self)._own
-
-        def slow(object_id, data):
-            time.sleep(seconds)
-            return own(self, object_id, data)
-
-        self._own = slow
-
-    import ray
-
-    ray.get(directory.__ray_call__.remote(patch, seconds))
-
-
-def test_a_writer_gone_before_the_directorys_copy(tq_on_ray):
-    """The writer exits while the directory's copy waits: the bytes the directory mapped stay
-    pinned (new objects do not take their place), and the rows read back exactly. (A reader
-    on another node, which must fetch the writer's object, is the two-node test's.)"""
+def test_a_writer_gone_before_any_read(tq_on_ray):
+    """The writer exits right after its put: the bytes the directory mapped stay pinned (new
+    objects do not take their place), and the rows read back exactly. (A reader on another
+    node, which must fetch the writer's object, is the two-node test's.)"""
     import ray
 
     rows = 8192  # about 700 KB: in the shared-memory store (smaller objects are inlined)
     putter = _reader_class().remote()
-    _hold_copies(tq_on_ray, 5.0)
-    try:
-        assert ray.get(putter.put.remote(keys(rows), "early", 3))
-        ray.kill(putter)
-        time.sleep(1)
-        # new objects where a freed one would be: the copy must still read the writer's bytes
-        fillers = [ray.put(np.full(2**20, 255, dtype=np.uint8)) for _ in range(4)]
-        assert_same(tq.kv_batch_get(keys=keys(rows), partition_id="early"), batch(rows, 3))
-        del fillers
-    finally:
-        ray.get(tq_on_ray.__ray_call__.remote(lambda self: [self.__dict__.pop("_own", None)] and None))
-    assert ray.get(tq_on_ray.settled.remote())
+    assert ray.get(putter.put.remote(keys(rows), "early", 3))
+    ray.kill(putter)
+    time.sleep(1)
+    fillers = [ray.put(np.full(2**20, 255, dtype=np.uint8)) for _ in range(4)]  # where a freed object would be
+    assert_same(tq.kv_batch_get(keys=keys(rows), partition_id="early"), batch(rows, 3))
+    refs, _ = ray.get(tq_on_ray.locate.remote("early", ["tokens"], [0], True))  # copied from the pinned bytes
+    assert torch.equal(ray.get(refs[0]).batch["tokens"], batch(rows, 3)["tokens"])
+    del fillers
     tq.kv_clear(keys=keys(rows), partition_id="early")
 
 
@@ -307,16 +288,13 @@ def main() -> None:
         assert node != ray.get_runtime_context().get_node_id()
         assert torch.equal(tokens, data["tokens"]) and uid == data["uid"].tolist()
 
-        # A writer on the head node exits before the directory's copy is made: the reader on
-        # the second node cannot fetch the writer's object (its owner is gone) and is
-        # answered with the directory's copy.
+        # A writer on the head node exits after its put: the reader on the second node cannot
+        # fetch the writer's object (its owner is gone) and is answered with the directory's
+        # own copy, put then from the bytes it pinned.
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        conf = ray.get(ray.get_actor("TransferQueueController", namespace="transfer_queue").get_config.remote())
-        directory = ray.get_actor(conf.backend.arrow_dataproto.directory, namespace="transfer_queue")
         head = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         putter = _reader_class().options(scheduling_strategy=head).remote()
-        _hold_copies(directory, 10.0)
         assert ray.get(putter.put.remote(keys(8192, 10_000), "far", 5))
         ray.kill(putter)
         time.sleep(3)  # the owner's death known across the cluster

@@ -12,26 +12,25 @@ the backend is imported right after ``transfer_queue`` is)::
 
     ray.init(runtime_env={"worker_process_setup_hook": "arrow_dataproto.integrations.register_transfer_queue"})
 
-Objects are owned by the directory actor, so that they outlive the process that put them.
-Ray 2.56 removed ``ray.put(..., _owner=)``, so ownership moves by a copy: the writer's
-``ray.put`` is registered with the directory, which maps it (from then on the bytes stay
-pinned in the store whatever becomes of the writer) and returns; the put is done. The
-directory then puts the object again in the background (a second copy within the object
-store, off the put's and the readers' path) and lets the writer's object go: until then
-readers read the writer's object, and a reader that finds its writer gone asks the
-directory again, which answers with its own copy. ``conf.backend.arrow_dataproto.owner =
-"putter"`` keeps the writer's object instead (no second copy; the rows then live only as
-long as the writing process).
+Stored rows outlive the process that put them. The writer's ``ray.put`` is registered with
+the directory actor that ``tq.init()`` starts, which maps it before the put returns: from
+then on its bytes stay pinned in the object store, whatever becomes of the writer. The
+writer owns the object (Ray 2.56 removed ``ray.put(..., _owner=)``, and a copy is the only
+other way to move ownership), so nothing more is copied while it lives. A reader that
+finds the writer gone (its process exited, or its node: Ray's ``OwnerDiedError`` /
+``ObjectLostError``) asks the directory again, which then puts its pinned bytes once
+more, as an object of its own, and answers with that; later readers get it at once.
+Pinned objects are not spilled to disk by Ray: clear rows no longer needed.
+``conf.backend.arrow_dataproto.owner = "putter"`` registers the writer's object without
+mapping it (the rows then live only as long as the writing process).
 
 Contract:
 
 - **put** (``kv_batch_put``, ``put``): the fields of one put become one :class:`DataProto`
   (tensor fields in ``batch``, ``NonTensorStack``/``NonTensorData`` fields in
   ``non_tensor_batch``), written with one ``ray.put``: one copy of the bytes into the
-  object store, whole columns, not rows; the put returns once the directory actor that
-  ``tq.init()`` starts has mapped it (with the default ``owner="directory"``, that actor
-  then copies it into an object of its own in the background). A non-contiguous or
-  off-CPU tensor is made contiguous on the CPU first (the codec's rule).
+  object store, whole columns, not rows; the put returns once the directory has mapped
+  it. A non-contiguous or off-CPU tensor is made contiguous on the CPU first (the codec's rule).
 - **get** (``kv_batch_get``, ``get_data``): the reader fetches the objects holding the rows
   asked for and decodes them under the receive options in force (default: private
   copy-on-write views of shared memory, :mod:`arrow_dataproto.pickling`): a write in one
@@ -90,18 +89,20 @@ class TransferQueueStorageError(DataProtoError, RuntimeError):
 
 
 class Directory:
-    """Which object holds which row of which field, and the references that keep the objects alive.
+    """Which object holds which row of which field, the references that keep the objects
+    alive, and the mapped bytes of the objects their writers own (:meth:`adopt`).
 
     Every method runs under one lock: the main thread serves calls, a background thread
-    makes this actor's own copies of adopted objects (:meth:`adopt`).
+    puts this actor's own copies (:meth:`locate` with ``owned``).
     """
 
     def __init__(self) -> None:
         set_receive_options(copy=False)  # what arrives is only put again: plain views
         self.objects: dict[str, list] = {}  # object id -> [ObjectRef, live cells]
         self.cells: dict[tuple[str, str], dict[int, tuple[str, int]]] = {}  # (partition, field) -> index -> (id, row)
-        self.copies: dict[str, Future] = {}  # object id -> its copy by this actor, while under way
-        self.copier = ThreadPoolExecutor(1, thread_name_prefix="adp-adopt")
+        self.pinned: dict[str, DataProto] = {}  # object id -> views of its writer's object, until this actor owns a copy
+        self.copies: dict[str, Future] = {}  # object id -> this actor's copy of it, while under way (or failed)
+        self.copier = ThreadPoolExecutor(1, thread_name_prefix="adp-own")
         self.lock = threading.RLock()
 
     def ready(self) -> bool:
@@ -112,33 +113,16 @@ class Directory:
         entry[1] -= cells
         if entry[1] <= 0:
             del self.objects[object_id]
-            self.copies.pop(object_id, None)  # a failed copy's record goes with it
+            self.pinned.pop(object_id, None)
+            self.copies.pop(object_id, None)
 
     def adopt(self, partition: str, object_id: str, refs: list, indexes: list[int], fields: list[str]) -> None:
-        """Register the writer's object ``refs[0]`` now, and replace it by a copy owned by
-        this actor in the background (one copy within the object store).
-
-        The object is mapped here before this returns: its bytes stay pinned in the store
-        for the copy even if the writer exits right after its put."""
+        """Register the writer's object ``refs[0]`` and map it here before returning: its
+        bytes stay pinned in the store even if the writer exits right after its put."""
         data = ray.get(refs[0])  # views of the writer's object (receive options: copy=False)
         with self.lock:
             self.register(partition, object_id, refs, indexes, fields)
-            self.copies[object_id] = self.copier.submit(self._own, object_id, data)
-
-    def _own(self, object_id: str, data: DataProto) -> None:
-        failure = None
-        try:
-            ref = ray.put(data)
-        except Exception as e:  # the store full, Ray shutting down: readers keep reading the writer's object
-            failure = f"{type(e).__name__}: {e}"
-        del data  # raised below, outside the handler: no traceback keeps the writer's object pinned
-        if failure is not None:
-            raise TransferQueueStorageError(f"the directory could not copy object {object_id}: {failure}")
-        with self.lock:
-            entry = self.objects.get(object_id)
-            if entry is not None:  # else cleared meanwhile: the copy is dropped
-                entry[0] = ref
-            self.copies.pop(object_id, None)
+            self.pinned[object_id] = data
 
     def register(self, partition: str, object_id: str, refs: list, indexes: list[int], fields: list[str]) -> None:
         """Record object ``object_id`` (``refs[0]``) as holding rows ``indexes`` of ``fields``."""
@@ -157,7 +141,8 @@ class Directory:
 
     def locate(self, partition: str, fields: list[str], indexes: list[int], owned: bool = False) -> tuple[list, dict]:
         """``(refs, {field: (object numbers into refs, rows)})`` for the cells asked; with
-        ``owned``, every object is this actor's own copy (waiting for copies under way)."""
+        ``owned``, every object is this actor's own (put now from its pinned bytes where
+        its writer still owns it)."""
         with self.lock:
             numbers: dict[str, int] = {}
             where = {}
@@ -170,14 +155,40 @@ class Directory:
                 objs = np.fromiter((numbers.setdefault(o, len(numbers)) for o, _ in found), np.int64, len(found))
                 rows = np.fromiter((r for _, r in found), np.int64, len(found))
                 where[field] = (objs, rows)
-            waits = [self.copies[i] for i in numbers if owned and i in self.copies]
-        for copy in waits:  # outside the lock: the copier takes it to finish
+            copies = [self._copy(i) for i in numbers if owned and i in self.pinned]
+        for copy in copies:  # outside the lock: the copier takes it to finish
             copy.result()
         with self.lock:
-            missing = [i for i in numbers if i not in self.objects]
-            if missing:
+            if any(i not in self.objects for i in numbers):
                 raise KeyError(f"partition {partition!r}: rows asked were cleared meanwhile")
             return [self.objects[i][0] for i in numbers], where
+
+    def _copy(self, object_id: str) -> Future:
+        """This actor's copy of a pinned object, under way or done (under the lock)."""
+        copy = self.copies.get(object_id)
+        if copy is None or (copy.done() and copy.exception() is not None):  # a failed copy is tried again
+            copy = self.copies[object_id] = self.copier.submit(self._own, object_id)
+        return copy
+
+    def _own(self, object_id: str) -> None:
+        with self.lock:
+            data = self.pinned.get(object_id)
+        if data is None:  # cleared meanwhile, or owned already
+            return
+        failure = None
+        try:
+            ref = ray.put(data)
+        except Exception as e:  # the store full, Ray shutting down: the bytes stay pinned, a later ask retries
+            failure = f"{type(e).__name__}: {e}"
+        del data  # raised below, outside the handler: no traceback holds the views
+        if failure is not None:
+            raise TransferQueueStorageError(f"the directory could not copy object {object_id}: {failure}")
+        with self.lock:
+            entry = self.objects.get(object_id)
+            if entry is not None:  # else cleared meanwhile: the copy is dropped
+                entry[0] = ref
+            self.pinned.pop(object_id, None)
+            self.copies.pop(object_id, None)
 
     def release(self, partition: str, indexes: list[int]) -> None:
         """Forget every field of rows ``indexes``; free each object none of whose cells is left."""
@@ -198,12 +209,6 @@ class Directory:
         """How many objects the directory keeps alive."""
         with self.lock:
             return len(self.objects)
-
-    def settled(self) -> bool:
-        """Wait until every copy under way is made; True if none failed (tests, benchmarks)."""
-        with self.lock:
-            waits = list(self.copies.values())
-        return all(copy.exception() is None for copy in waits)
 
 
 _created_here: dict[str, Any] = {}  # directory name -> handle, in the process that started it
@@ -388,11 +393,9 @@ class ArrowStorageManager(StorageManager):
             refs, where = self._call("get", "locate", partition, asked, indexes)
             try:
                 objects = ray.get(refs)
-            except ray.exceptions.OwnerDiedError:  # a writer gone before the directory's copy was made
+            except ray.exceptions.ObjectLostError:  # a writer (or its node) gone: the directory's own copies
                 refs, where = self._call("get", "locate", partition, asked, indexes, True)
                 objects = self._fetch(refs)
-            except (ray.exceptions.ObjectLostError, ray.exceptions.RayActorError) as e:
-                raise _storage_error(e, "get") from e
             shared: dict = {}
             fields = {k: _select([_field(o, k) for o in objects], where[k][0], where[k][1], shared) for k in asked}
             pieces.append((positions, fields, len(indexes)))
