@@ -8,7 +8,8 @@ One measurement: the driver puts a TensorDict, one reader actor gets it and read
 - ``ray.put(td)`` without and with ``arrow_dataproto.integrations.tensordict.install()``
   (installed in the driver and in the reader);
 - TransferQueue 0.1.11 default backend (SimpleStorage: 2 storage units) and with ours
-  (``arrow_dataproto``, objects owned by its directory actor, and with ``owner="putter"``):
+  (``arrow_dataproto``: the writer's object, mapped by the backend's directory actor so that it
+  outlives the writer; and with ``owner="putter"``, not mapped):
   ``kv_batch_put`` in the driver, ``kv_batch_get`` in the reader, then ``kv_clear``.
 
 Fan-out: the same put, then 4 readers get and read at once (the default backend is left out:
@@ -163,8 +164,8 @@ def report(results: dict, batches: dict, args) -> str:
         "# TransferQueue: default backend vs arrow_dataproto backend vs the floor",
         "",
         f"Command: `{harness.command('bench_transfer_queue.py')}`; {args.repeats} timed rounds after one warm-up.",
-        "`owner=putter`: the writer's object is kept (one copy, it lives as long as the writing process) "
-        "instead of the directory actor's second copy.",
+        "Ours: one copy per put, the writer's object, which the directory actor maps (pins) before the put returns; "
+        "`owner=putter`: not mapped (the rows live as long as the writing process).",
         "Time: driver put + reader(s) get and read every byte, wall, median (best) in s; x floor = median / floor's.",
         "Driver = driver private-memory peak during the put; reader = a reader's added private memory holding the result (MiB).",
         "",
