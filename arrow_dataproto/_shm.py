@@ -48,6 +48,7 @@ holds for the whole process is logged once and kept for
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import ctypes.util
 import itertools
@@ -107,18 +108,43 @@ class _Region:
     path: str
 
 
+_SMALL = 1 << 20
+"""Buffers of at most this many bytes in all (Ray's inlined objects, under ~100 KiB) that lie
+in mappings which were neither shared nor file-backed at the last read of
+``/proc/self/maps`` are copied without reading it again: copying them takes microseconds,
+reading the maps of a process with torch loaded milliseconds. A mapping replaced since by a
+shared one is then copied, never viewed (safe); larger buffers always read the maps."""
+_plain: tuple[list[int], list[int]] = ([], [])  # starts and ends of the other mappings at the last read
+
+
+def _in_plain_memory(addresses: Sequence[int]) -> bool:
+    """Whether every address lay in a private or anonymous mapping at the last read of the maps."""
+    starts, ends = _plain
+    for a in addresses:
+        i = bisect.bisect_right(starts, a) - 1
+        if i < 0 or a >= ends[i]:
+            return False
+    return True
+
+
 def _shared_regions(addresses: Sequence[int]) -> tuple[dict[int, _Region], set[_Region]]:
     """For each address, the shared file mapping of this process that holds it
-    (others are absent); and every shared file mapping of this process."""
+    (others are absent); and every shared file mapping of this process. Notes the
+    other mappings for :func:`_in_plain_memory`."""
+    global _plain
     found: dict[int, _Region] = {}
     every: set[_Region] = set()
+    starts: list[int] = []
+    ends: list[int] = []
     pending = sorted(set(addresses))
     with open(f"{PROC}/self/maps") as maps:
         for line in maps:
             fields = line.split(maxsplit=5)
-            if len(fields) < 6 or fields[1][3] != "s" or fields[4] == "0":  # anonymous or private: not a store
-                continue
             start, end = (int(x, 16) for x in fields[0].split("-"))
+            if len(fields) < 6 or fields[1][3] != "s" or fields[4] == "0":  # anonymous or private: not a store
+                starts.append(start)
+                ends.append(end)
+                continue
             major, minor = (int(x, 16) for x in fields[3].split(":"))
             region = _Region(start, end, int(fields[2], 16), os.makedev(major, minor), int(fields[4]), fields[5].rstrip("\n"))
             every.add(region)
@@ -127,6 +153,7 @@ def _shared_regions(addresses: Sequence[int]) -> tuple[dict[int, _Region], set[_
                     found[a] = region
             if found:
                 pending = [a for a in pending if a not in found]
+    _plain = (starts, ends)
     return found, every
 
 
@@ -477,12 +504,15 @@ def private_views(buffers: Sequence[pa.Buffer]) -> list[pa.Buffer]:
 
     Zero-copy for store buffers: one lease on the store's twin per object
     (mapped once per process), whatever the number of buffers. Empty buffers
-    are returned as they are.
+    are returned as they are. Small buffers in memory known to be ordinary
+    (Ray's inlined objects) are copied without reading ``/proc/self/maps``
+    again (:data:`_SMALL`).
     """
     out: list[pa.Buffer | None] = [b if b.size == 0 else None for b in buffers]
     wanted = [i for i, b in enumerate(buffers) if b.size]
-    if wanted and unavailable_reason() is None:
-        addresses = [buffers[i].address for i in wanted]
+    addresses = [buffers[i].address for i in wanted]
+    small = sum(buffers[i].size for i in wanted) <= _SMALL and _in_plain_memory(addresses)
+    if wanted and unavailable_reason() is None and not small:
         known = _known_regions(addresses)
         if known is not None:
             regions, every = known

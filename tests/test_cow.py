@@ -394,6 +394,7 @@ def fresh_process_state(monkeypatch):
     monkeypatch.setattr(_shm, "_process_reason", None)
     monkeypatch.setattr(_shm, "_holders", {})
     monkeypatch.setattr(_shm, "_twins", {})
+    monkeypatch.setattr(_shm, "_plain", ([], []))
 
 
 def assert_copied(buffer: pa.Buffer) -> None:
@@ -442,6 +443,20 @@ def test_ordinary_memory_is_copied(fresh_process_state):
     buffer = pa.py_buffer(bytearray(b"x" * 10_000))
     assert_copied(buffer)
     assert _shm.unavailable_reason() is None  # not a reason of the process
+
+
+@LINUX
+def test_small_buffers_in_ordinary_memory_are_copied_without_reading_the_maps_again(fresh_process_state, monkeypatch):
+    """Ray's inlined objects: once /proc/self/maps has shown their memory ordinary, small buffers
+    there are copied outright (reading the maps of a process with torch loaded takes milliseconds
+    per object); more than _SMALL bytes read the maps again."""
+    small, large = pa.py_buffer(bytearray(b"x" * 10_000)), pa.py_buffer(bytearray(_shm._SMALL + 1))
+    assert_copied(small)  # the maps read once
+    monkeypatch.setattr(_shm, "PROC", "/nonexistent-proc")  # any further read fails, and says so
+    assert_copied(small)
+    assert _shm.unavailable_reason() is None  # not read
+    assert_copied(large)
+    assert _shm.unavailable_reason() is not None  # read (and failed): large buffers always look
 
 
 # ---------------------------------------------------------------- other shared memory: copied, never mapped
