@@ -28,7 +28,9 @@ Lifetime: an unwritten page of the twin shows the file's *current* contents, so
 a lease must not outlive its object: each view keeps the original buffers (and
 so the Ray object, pinned) alive. When the last view dies, a background thread
 finds the lease's written (private) pages in ``/proc/self/pagemap``, drops them
-(``MADV_DONTNEED``: they read the store's bytes again), then lets the object go.
+(``MADV_DONTNEED``: they read the store's bytes again) and maps the store's pages
+there again (``MADV_POPULATE_READ``, so that the next object in that memory is read
+without a fault per page), then lets the object go.
 Two leases never hold the same bytes (an object received twice while its first
 views live gets a mapping of its own), and a page shared with a live
 neighbouring lease is dropped only by the last of them; a twin whose store
@@ -250,6 +252,7 @@ _LIBC = _libc()
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _MAP_NORESERVE = 0x4000  # no commit charge for the twin: it copies only the pages written
 _MADV_DONTNEED = 4
+_MADV_POPULATE_READ = 22  # Linux 5.14+ (older kernels refuse it: pages are then mapped as read)
 
 
 def _map_private(fd: int, offset: int, length: int) -> int:
@@ -287,7 +290,10 @@ def _private_pages(address: int, pages: int) -> list[tuple[int, int]]:
 
 
 def _drop_written(address: int, pages: int) -> None:
-    """Drop the private pages among ``pages`` pages from ``address`` (all of them if pagemap is unreadable)."""
+    """Drop the private pages among ``pages`` pages from ``address`` (all of them if pagemap
+    is unreadable), then map the file's pages there again (on this background thread), so
+    that the next object received in that memory reads without a fault per page, as if it
+    had never been written."""
     assert _LIBC is not None
     try:
         runs = _private_pages(address, pages)
@@ -295,6 +301,7 @@ def _drop_written(address: int, pages: int) -> None:
         runs = [(0, pages)]
     for first, count in runs:
         _LIBC.madvise(address + first * _PAGE, count * _PAGE, _MADV_DONTNEED)
+        _LIBC.madvise(address + first * _PAGE, count * _PAGE, _MADV_POPULATE_READ)
 
 
 # ---------------------------------------------------------------- releasing on a background thread

@@ -584,6 +584,23 @@ def test_a_dead_lease_drops_its_written_pages(fake_store):
 
 
 @LINUX
+def test_pages_a_dead_lease_wrote_are_mapped_again_to_the_store(fake_store):
+    """The release drops the written pages and maps the file's pages there again (in the
+    background): the next object received in that memory finds them mapped, and reads the
+    store's bytes, not the old writes."""
+    page = mmap.PAGESIZE
+    t = received(fake_store, 0, 4 * page)
+    (twin,) = _shm._twins.values()
+    view = torch.from_dlpack(pa.Array.from_buffers(pa.uint8(), 4 * page, [None, pa.foreign_buffer(twin.address, 4 * page)]))
+    t.fill_(7)
+    del t
+    wait_released()
+    assert not _shm._private_pages(twin.address, 4)  # nothing of the writes is left
+    assert mapped_fraction(view) == 1.0  # mapped again, to the file's pages
+    assert bytes(view.numpy()) == fake_store[: 4 * page]
+
+
+@LINUX
 def test_the_same_bytes_twice_are_mapped_apart(fake_store):
     page = mmap.PAGESIZE
     first = received(fake_store, 64, 2 * page)
