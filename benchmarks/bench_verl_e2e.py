@@ -30,6 +30,7 @@ hook and with it.
 
     python benchmarks/bench_verl_e2e.py            # 2048 rows (132 MiB), 4 workers, 5 steps
     python benchmarks/bench_verl_e2e.py --quick    # 64 rows, 2 workers, 1 step: to try it (CI)
+    python benchmarks/bench_verl_e2e.py --rows 256 --tokens 128   # another size, 4 workers
 """
 
 from __future__ import annotations
@@ -262,8 +263,14 @@ def worker_start(repeats: int, hooked: bool) -> float:
 
 
 def main() -> None:
-    args = harness.arguments(__doc__, "verl_e2e.md", repeats=5, quick="64 rows of 16+16 tokens, 2 workers")
-    args.rows, args.prompt, args.response, args.workers = (64, 16, 16, 2) if args.quick else (2048, 1024, 1024, 4)
+    def sizes(parser) -> None:
+        parser.add_argument("--rows", type=int, default=2048, help="rows of the batch (default 2048)")
+        parser.add_argument("--tokens", type=int, default=1024, help="prompt and response tokens each (default 1024)")
+
+    args = harness.arguments(__doc__, "verl_e2e.md", repeats=5, quick="64 rows of 16+16 tokens, 2 workers", more=sizes)
+    args.rows, args.prompt, args.response, args.workers = (
+        (64, 16, 16, 2) if args.quick else (args.rows, args.tokens, args.tokens, 4)
+    )
     args.repeats = 1 if args.quick else args.repeats
     import ray
 

@@ -75,11 +75,15 @@ def command(script: str) -> str:
     return "python " + " ".join([f"benchmarks/{script}", *sys.argv[1:]])
 
 
-def arguments(doc: str, results: str, *, repeats: int, quick: str) -> argparse.Namespace:
+def arguments(doc: str, results: str, *, repeats: int, quick: str,
+              more: Callable[[argparse.ArgumentParser], Any] | None = None) -> argparse.Namespace:
     """The options every benchmark script takes: ``--quick`` (``quick`` says what it runs;
     one repeat, printed, not saved), ``--repeats`` (default ``repeats``) and ``--out``
-    (resolved: ``benchmarks/results/<results>`` unless given or ``--quick``, then None)."""
+    (resolved: ``benchmarks/results/<results>`` unless given or ``--quick``, then None);
+    ``more`` adds a script's own."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    if more is not None:
+        more(parser)
     parser.add_argument("--quick", action="store_true", help=f"{quick}, one repeat, print only")
     parser.add_argument("--repeats", type=int, default=repeats)
     parser.add_argument("--out", help=f"results file (default: benchmarks/results/{results} unless --quick)")
