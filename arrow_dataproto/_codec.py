@@ -38,10 +38,10 @@ from ._format import (
     TensorSpec,
     check_field_names,
     check_schema,
+    columns_of,
     is_foreign,
     repeated,
     schema_metadata,
-    text_metadata,
 )
 from ._tensors import decode_tensor, encode_tensor
 from ._validate import validate_arrow
@@ -379,10 +379,11 @@ def decode(
     record_batch = _portable.from_portable(record_batch)  # a portable batch: back to the stored types
     placement = Placement(device)
     fields = record_batch.schema
+    parsed = columns_of(fields)
 
     tensors, specs = [], []
     for i, name in enumerate(leaf_names):
-        spec = TensorSpec.parse(name, text_metadata(fields[i].metadata))
+        spec = parsed.tensor_spec(i)
         specs.append(spec)
         tensor = decode_tensor(name, record_batch.column(i), spec)
         target = placement(spec.device)
@@ -397,7 +398,7 @@ def decode(
     non_tensor = {}
     for i in range(len(leaf_names), record_batch.num_columns):
         name = fields[i].name
-        field_metadata = text_metadata(fields[i].metadata)
+        field_metadata = parsed.metadata[i]
         if foreign and KIND not in field_metadata:
             values = _foreign.decode_column(name, record_batch.column(i))
         else:

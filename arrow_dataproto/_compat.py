@@ -11,6 +11,7 @@ looked up when an entry is used, so the torch-free paths (files, the command lin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pickle
 import sys
@@ -88,6 +89,41 @@ def nested_view_from_buffer(
     import torch
 
     return torch._nested_view_from_buffer(values, sizes, strides, offsets)
+
+
+def jagged_class() -> type | None:
+    """torch's class of jagged nested tensors, ``None`` if it has moved.
+
+    Private API: ``torch.nested._internal.nested_tensor.NestedTensor``. Every jagged
+    tensor is one. Each public query on it (``is_nested``, ``layout``, ``values()``) and
+    the public constructor ``nested_tensor_from_jagged`` go through its
+    ``__torch_function__`` and the dispatcher: 10-130 us a call, most of the cost of a
+    small batch's jagged column. What :mod:`arrow_dataproto._jagged` relies on instead:
+    ``isinstance(t, NestedTensor)`` for "jagged"; the attributes ``_values``, ``_offsets``
+    and ``_lengths`` (what ``values()``, ``offsets()`` and ``lengths()`` return, without
+    the autograd view); and ``NestedTensor(values, offsets, _ragged_idx=k)``, the object
+    the public constructor builds, less the autograd view of ``values``. If it goes: the
+    public calls (the same results, slower)."""
+    try:
+        from torch.nested._internal.nested_tensor import NestedTensor
+    except ImportError:
+        return None
+    return NestedTensor
+
+
+def torch_function_off() -> Any:
+    """A context in which tensor subclasses' ``__torch_function__`` is skipped (their
+    ``__torch_dispatch__`` still runs, so every op still means what it says).
+
+    Private API: ``torch._C.DisableTorchFunctionSubclass``, what torch's own
+    ``Tensor.__torch_function__`` enters; the "Extending torch" notes show it only by
+    example. A jagged tensor's ``__torch_function__`` makes each attribute read
+    (``device``, ``dtype``, ``requires_grad``, ``is_nested``) cost 10-16 us; within
+    this context 0.1 us. If it goes: ``contextlib.nullcontext()`` (slower, the same results)."""
+    import torch
+
+    off = getattr(torch._C, "DisableTorchFunctionSubclass", None)
+    return off() if off is not None else contextlib.nullcontext()
 
 
 FX_TRACE_LOGGER = "torch.fx._symbolic_trace"

@@ -22,6 +22,8 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass
+from functools import lru_cache
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Union
 
 import numpy as np
@@ -152,11 +154,50 @@ def check_schema(schema: pa.Schema) -> dict[str, str]:
             f"format version {version} is not readable by this version of arrow-dataproto, "
             f"which reads {FORMAT_VERSION[0]}.x"
         )
-    check_field_names(schema)
-    twice = repeated(schema.names)
-    if twice:  # each column a tree leaf or a non_tensor_batch key: unique
-        raise DecodeError(f"column name(s) {twice[:5]} appear more than once: a damaged schema")
+    columns_of(schema)  # the fields' own checks
     return metadata
+
+
+class Columns:
+    """What this format reads from the fields of a schema (names, types, field metadata),
+    checked and parsed once for each distinct list of fields a process meets (every step
+    of a training loop sends the same columns): each column's metadata as text, and the
+    :class:`TensorSpec` of each tensor column asked for. Built only for fields that pass
+    :func:`check_field_names` and have unique names (:class:`DecodeError` otherwise)."""
+
+    __slots__ = ("fields", "metadata", "_specs")
+
+    def __init__(self, fields: pa.Schema):
+        check_field_names(fields)
+        twice = repeated(fields.names)
+        if twice:  # each column a tree leaf or a non_tensor_batch key: unique
+            raise DecodeError(f"column name(s) {twice[:5]} appear more than once: a damaged schema")
+        self.fields = fields
+        self.metadata: tuple[Mapping[str, str], ...] = tuple(MappingProxyType(text_metadata(f.metadata)) for f in fields)
+        self._specs: dict[int, TensorSpec] = {}
+
+    def tensor_spec(self, i: int) -> "TensorSpec":
+        """The spec of column ``i`` read as a tensor column (:meth:`TensorSpec.parse`: DecodeError)."""
+        spec = self._specs.get(i)
+        if spec is None:
+            spec = self._specs[i] = TensorSpec.parse(self.fields.field(i).name, self.metadata[i])
+        return spec
+
+
+_COLUMNS_KEPT = 16
+_columns_seen: list[Columns] = []
+"""The most recent distinct field lists met, newest first (parsing them is a pure function of the fields)."""
+
+
+def columns_of(schema: pa.Schema) -> Columns:
+    """The :class:`Columns` of ``schema``'s fields: parsed again only for fields not met recently."""
+    fields = schema.remove_metadata()  # the schema-level metadata (tree, meta_info) changes step to step
+    for seen in _columns_seen:
+        if seen.fields.equals(fields, check_metadata=True):
+            return seen
+    made = Columns(fields)
+    _columns_seen[:] = [made, *_columns_seen[: _COLUMNS_KEPT - 1]]
+    return made
 
 
 def repeated(names: Iterable[str]) -> list[str]:
@@ -382,14 +423,8 @@ class TensorSpec:
     offsets_of: str | None = None
 
     def metadata(self) -> dict[str, str]:
-        from ._dtypes import dtype_name  # torch: this module itself imports without it (the CLI reads metadata)
-
-        meta = {DTYPE: dtype_name(self.dtype), DEVICE: str(self.device), KIND: self.kind, SHAPE: json.dumps(list(self.shape))}
-        if self.ragged_idx is not None:
-            meta[RAGGED_IDX] = str(self.ragged_idx)
-        if self.offsets_of is not None:
-            meta[OFFSETS_OF] = self.offsets_of
-        return meta
+        """The field metadata of this spec (a new dict; the text is made once per distinct spec)."""
+        return dict(_spec_metadata(self))
 
     @classmethod
     def parse(cls, name: str, meta: Mapping[str, str]) -> "TensorSpec":
@@ -419,6 +454,18 @@ class TensorSpec:
         except DecodeError as e:
             raise column_error(DecodeError, name, str(e)) from None
         return cls(kind, dtype, tuple(shape), device, ragged_idx, offsets_of)
+
+
+@lru_cache(maxsize=1024)
+def _spec_metadata(spec: TensorSpec) -> tuple[tuple[str, str], ...]:
+    from ._dtypes import dtype_name  # torch: this module itself imports without it (the CLI reads metadata)
+
+    meta = {DTYPE: dtype_name(spec.dtype), DEVICE: str(spec.device), KIND: spec.kind, SHAPE: json.dumps(list(spec.shape))}
+    if spec.ragged_idx is not None:
+        meta[RAGGED_IDX] = str(spec.ragged_idx)
+    if spec.offsets_of is not None:
+        meta[OFFSETS_OF] = spec.offsets_of
+    return tuple(meta.items())
 
 
 def _dense_shape(name: str, shape: list, _: str) -> None:

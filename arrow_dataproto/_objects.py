@@ -56,7 +56,7 @@ import itertools
 import operator
 import pickle
 from functools import partial
-from typing import Any, Callable, Union
+from typing import Any, Callable, Mapping, Union
 
 import numpy as np
 import pyarrow as pa
@@ -549,7 +549,7 @@ def encode_as(name: str, values: np.ndarray, field: pa.Field) -> pa.Array | None
 
 
 def decode_column(
-    name: str, array: pa.Array, metadata: dict[str, str], *, allow_pickle: bool
+    name: str, array: pa.Array, metadata: Mapping[str, str], *, allow_pickle: bool
 ) -> np.ndarray:
     """Decode an array made by :func:`encode_column` (or a slice or chunk of one).
 

@@ -23,6 +23,7 @@ import logging
 import os
 import warnings
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Final, Literal, NamedTuple, Union
 
 import numpy as np
@@ -274,13 +275,19 @@ def _private_buffers(columns: list[tuple]) -> dict[int, pa.Buffer]:
     return {id(b): v for b, v in zip(originals, views)}
 
 
+@lru_cache(maxsize=64)
+def _read_schema(schema_bytes: bytes) -> pa.Schema:
+    """The schema these bytes serialize (each distinct one parsed once: a training loop sends a few)."""
+    return pa.ipc.read_schema(pa.py_buffer(schema_bytes))
+
+
 def batch_from_state(schema_bytes: bytes, num_rows: int, columns: list[tuple], *, private: bool = False) -> pa.RecordBatch:
     """Inverse of :func:`batch_state`: zero-copy over the buffers it is given, or,
     with ``private=True``, over copy-on-write views (or copies) of them."""
     if type(num_rows) is not int or not 0 <= num_rows < 2**63:
         raise DecodeError(f"corrupt pickled DataProto: row count {str(num_rows)[:40]}")
     try:
-        schema = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
+        schema = _read_schema(schema_bytes) if type(schema_bytes) is bytes else pa.ipc.read_schema(pa.py_buffer(schema_bytes))
         if len(columns) != len(schema):
             raise DecodeError(f"pickled batch has {len(columns)} columns, its schema {len(schema)}")
         views = _private_buffers(columns) if private else {}

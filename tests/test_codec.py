@@ -734,3 +734,71 @@ def test_decoding_a_jagged_column_logs_no_torch_fx_notice(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "is_fx_tracing" not in done.stderr + done.stdout
+
+
+def test_jagged_tensors_in_autograd_are_built_and_taken_apart_through_autograd():
+    """Outside autograd the codec builds jagged tensors without torch's dispatcher; a tensor
+    that requires grad still goes through it, so row operations keep the graph."""
+    from arrow_dataproto import _jagged
+
+    values = torch.arange(6.0, requires_grad=True)
+    nt = _jagged.build(values, torch.tensor([0, 2, 6]), 1)
+    assert nt.requires_grad and nt.grad_fn is not None
+    taken, _ = _jagged.parts(nt)
+    taken.sum().backward()
+    assert values.grad is not None and values.grad.tolist() == [1.0] * 6
+
+    leaf = _jagged.build(torch.arange(6.0), torch.tensor([0, 2, 6]), 1).requires_grad_()
+    taken, _ = _jagged.parts(leaf)
+    assert taken.requires_grad  # an autograd view of the leaf's values, not the bare values tensor
+    plain = _jagged.build(torch.arange(6.0), torch.tensor([0, 2, 6]), 1)
+    assert not plain.requires_grad and _jagged.parts(plain)[0] is plain._values
+
+
+@pytest.mark.parametrize("ragged_idx", [1, 2, 3])
+def test_jagged_tensors_built_without_the_dispatcher_match_torchs_own(ragged_idx):
+    from arrow_dataproto import _jagged
+
+    shape = [2, 3]
+    shape.insert(ragged_idx - 1, 7)
+    values = torch.arange(42.0).view(*shape)
+    offsets = torch.tensor([0, 3, 3, 7])
+    ours = _jagged.build(values.movedim(ragged_idx - 1, 0), offsets, ragged_idx)
+    theirs = torch.nested.nested_tensor_from_jagged(values, offsets, jagged_dim=ragged_idx)
+    assert ours.shape == theirs.shape and ours.layout == torch.jagged
+    assert all(torch.equal(a, b) for a, b in zip(ours.unbind(), theirs.unbind()))
+    assert torch.equal((ours * 2 + theirs).values(), values * 3)  # one ragged size: they combine
+    assert torch.equal(_jagged.parts(ours)[0], _jagged.parts(theirs)[0])
+
+
+def test_field_metadata_is_parsed_once_per_distinct_columns(monkeypatch):
+    """A training loop decodes the same columns every step: each tensor column's metadata
+    is parsed once for them, whatever the batch's meta_info and row count; other columns,
+    or the same columns with other field metadata, are parsed afresh (and checked)."""
+    from arrow_dataproto import _format
+
+    parsed = []
+    original = _format.TensorSpec.parse.__func__
+    monkeypatch.setattr(_format.TensorSpec, "parse", classmethod(lambda cls, n, m: parsed.append(n) or original(cls, n, m)))
+    monkeypatch.setattr(_format, "_columns_seen", [])
+
+    def batch(rows, step, dtype=torch.float32):
+        td = TensorDict({"a": torch.zeros(rows, 3, dtype=dtype), "b": torch.arange(rows)}, batch_size=[rows])
+        return adp.DataProto(batch=td, meta_info={"step": step})
+
+    for step, rows in enumerate([4, 4, 9]):
+        got = adp.from_ipc(adp.to_ipc(batch(rows, step)))
+        assert got.meta_info == {"step": step} and got.batch["a"].shape == (rows, 3)
+    assert parsed == ["a", "b"]
+    got = adp.from_ipc(adp.to_ipc(batch(4, 3, torch.float64)))  # other field metadata for "a"
+    assert got.batch["a"].dtype == torch.float64 and parsed == ["a", "b", "a", "b"]
+
+    record_batch = adp.to_arrow(batch(4, 4))
+    field = record_batch.schema.field("a")
+    damaged = field.with_metadata({**field.metadata, b"adp.shape": b"[4]"})  # the rows hold 3 values
+    bad = pa.RecordBatch.from_arrays(
+        record_batch.columns, schema=record_batch.schema.set(0, damaged)
+    )
+    with pytest.raises(adp.DecodeError, match="'a'"):
+        adp.from_arrow(bad)
+    assert adp.from_arrow(record_batch).meta_info == {"step": 4}  # the good columns still decode

@@ -101,6 +101,43 @@ def test_nested_view_from_buffer_views_the_values_without_a_copy():
     assert t.unbind()[1][0, 1].item() == -1.0
 
 
+def test_jagged_class_is_the_class_of_every_jagged_tensor_and_builds_what_torch_builds():
+    cls = _compat.jagged_class()
+    assert cls is not None
+    values, offsets = torch.arange(12.0).view(6, 2), torch.tensor([0, 2, 2, 6])
+    public = torch.nested.nested_tensor_from_jagged(values, offsets)
+    assert isinstance(public, cls) and public.layout == torch.jagged
+    assert not isinstance(torch.nested.nested_tensor([torch.zeros(2)], layout=torch.strided), cls)
+    built = cls(values, offsets, _ragged_idx=1)
+    assert built.layout == torch.jagged and built.shape[0] == 3 and built.shape[2] == 2
+    assert built.shape[1] == public.shape[1]  # the same ragged size: they combine
+    assert all(torch.equal(a, b) for a, b in zip(built.unbind(), public.unbind()))
+    assert built._values is values and built._offsets is offsets and built._lengths is None
+    assert public._values.data_ptr() == values.data_ptr() and public._lengths is None
+    assert _compat.ragged_idx(cls(torch.zeros(2, 6), offsets, _ragged_idx=2)) == 2
+
+
+def test_torch_function_off_skips_the_jagged_class_hook_and_keeps_its_attributes():
+    t = torch.nested.nested_tensor_from_jagged(torch.arange(6.0), torch.tensor([0, 2, 6])).requires_grad_()
+    seen = []
+    original = type(t).__torch_function__.__func__
+
+    def spy(cls, func, types, args=(), kwargs=None):
+        seen.append(func)
+        return original(cls, func, types, args, kwargs)
+
+    type(t).__torch_function__ = classmethod(spy)
+    try:
+        with _compat.torch_function_off():
+            read = (t.device, t.dtype, t.requires_grad, t.is_nested)
+        assert not seen
+        t.requires_grad  # outside: the hook runs again
+        assert seen
+    finally:
+        type(t).__torch_function__ = classmethod(original)
+    assert read == (torch.device("cpu"), torch.float32, True, True)
+
+
 def test_the_fx_notice_is_logged_by_the_module_we_filter():
     module = importlib.import_module(_compat.FX_TRACE_LOGGER)
     assert module.log.name == _compat.FX_TRACE_LOGGER
