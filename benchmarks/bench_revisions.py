@@ -3,7 +3,8 @@
 What a refactor must not slow down: the codec (``to_ipc``/``from_ipc``, pickle protocol 5
 with out-of-band buffers) and the files (``write_file``, ``read_file``, one pass over
 every tensor byte, ``read_rows`` of a slice, the row count of a many-batch file), on the
-seed batch (one 1 GiB int64 tensor) and the PPO batch.
+seed batch (one 1 GiB int64 tensor), the PPO batch, and the PPO batch's columns for 16 rows
+(where the per-object and per-column work is all there is).
 
 The other revision's package is extracted with ``git archive`` into a temporary folder
 under another top-level name (the package imports itself only relatively), so both load
@@ -155,7 +156,8 @@ def main() -> None:
         cases = [("seed (quick)", lambda: (seed_batch(rows=64, cols=1024), {}, {})),
                  ("ppo (quick)", lambda: ppo_batch(rows=64, prompt=64, response=64))]
     else:
-        cases = [("seed", lambda: (seed_batch(), {}, {})), ("ppo", ppo_batch)]
+        cases = [("seed", lambda: (seed_batch(), {}, {})), ("ppo", ppo_batch),
+                 ("ppo, 16 rows", lambda: ppo_batch(rows=16, prompt=16, response=16))]
     folder = Path(tempfile.mkdtemp(prefix="adp-revisions-"))
     try:
         old = load_revision(args.rev, folder)
