@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import pickle
+import sys
 from typing import Any, Callable, Sequence, SupportsIndex
 
 import torch
@@ -262,8 +263,8 @@ def warm_up() -> None:
         batch_size=[rows],
     )
     data = DataProto(batch, meta_info={"step": 0})
-    ray = _ray()
-    if ray.is_initialized():
+    ray = sys.modules.get("ray")  # a Ray worker or driver has imported it; importing it here would cost a second
+    if ray is not None and ray.is_initialized():
         ray.get(ray.put(data))
     else:
         pickle.loads(pickle.dumps(data, protocol=5))

@@ -180,6 +180,21 @@ def test_warm_up_imports_nothing_a_receiver_does_not(ray_session):
     assert sorted(warmed_up - received) == []
 
 
+@pytest.mark.parametrize("ray_state", ["not imported", "not installed"])
+def test_warm_up_without_ray_round_trips_through_pickle(ray_state):
+    """Outside Ray (not imported, or not even installed) warm_up() pickles its batch,
+    as its docstring says, and imports no Ray."""
+    block = "import sys; sys.modules['ray'] = None\n" if ray_state == "not installed" else ""
+    code = block + (
+        "import sys\n"
+        "from arrow_dataproto import transport\n"
+        "transport.warm_up()\n"
+        "assert sys.modules.get('ray') is None, 'warm_up imported Ray'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 @LINUX
 def test_a_receiver_maps_only_the_pages_it_reads(ray_session):
     """Receiving fills no page tables up front (a fresh process pays for the pages it
