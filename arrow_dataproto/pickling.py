@@ -275,6 +275,10 @@ def _private_buffers(columns: list[tuple]) -> dict[int, pa.Buffer]:
     return {id(b): v for b, v in zip(originals, views)}
 
 
+_CACHED_SCHEMA_BYTES = 64 * 1024
+"""Larger schemas (a large ``meta_info`` rides in the schema metadata) are parsed each time, not kept."""
+
+
 @lru_cache(maxsize=64)
 def _read_schema(schema_bytes: bytes) -> pa.Schema:
     """The schema these bytes serialize (each distinct one parsed once: a training loop sends a few)."""
@@ -287,7 +291,10 @@ def batch_from_state(schema_bytes: bytes, num_rows: int, columns: list[tuple], *
     if type(num_rows) is not int or not 0 <= num_rows < 2**63:
         raise DecodeError(f"corrupt pickled DataProto: row count {str(num_rows)[:40]}")
     try:
-        schema = _read_schema(schema_bytes) if type(schema_bytes) is bytes else pa.ipc.read_schema(pa.py_buffer(schema_bytes))
+        if type(schema_bytes) is bytes and len(schema_bytes) <= _CACHED_SCHEMA_BYTES:
+            schema = _read_schema(schema_bytes)
+        else:
+            schema = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
         if len(columns) != len(schema):
             raise DecodeError(f"pickled batch has {len(columns)} columns, its schema {len(schema)}")
         views = _private_buffers(columns) if private else {}

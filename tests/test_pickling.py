@@ -300,3 +300,17 @@ def test_corrupt_pickled_state_is_a_decode_error(corrupt):
     state = pickling.batch_state(adp.to_arrow(sample_dataproto()))
     with pytest.raises(adp.DecodeError):
         pickle.loads(pickle.dumps(_Rebuild(corrupt(state))))
+
+
+def test_schemas_are_parsed_once_but_large_ones_are_not_kept():
+    """A training loop's few schemas are parsed once; a schema made large by its meta_info
+    (which rides in the schema metadata) is parsed each time and not kept in memory."""
+    pickling._read_schema.cache_clear()
+    small = adp.DataProto.from_dict({"a": torch.arange(4)}, meta_info={"step": 1})
+    for _ in range(3):
+        assert pickle.loads(pickle.dumps(small, protocol=5)).meta_info == {"step": 1}
+    info = pickling._read_schema.cache_info()
+    assert (info.misses, info.hits, info.currsize) == (1, 2, 1)
+    large = adp.DataProto.from_dict({"a": torch.arange(4)}, meta_info={"notes": "x" * 200_000})
+    assert pickle.loads(pickle.dumps(large, protocol=5)).meta_info == {"notes": "x" * 200_000}
+    assert pickling._read_schema.cache_info().currsize == 1
