@@ -145,9 +145,15 @@ def ray_external_transport() -> bool:
     context of ``ray._private.worker.global_worker`` (Ray 2.60), set around
     ``SerializationContext.serialize_rdt_objects``. Ray offers no public way to tell. If it
     goes: False, so batches take the object store as before direct transport (still exact,
-    not through gloo/nccl)."""
+    not through gloo/nccl).
+
+    Asking makes no context where Ray has none yet (``serialization_context_map`` empty: a
+    process that imported Ray without using it). Making one imports pydantic, about a second,
+    and direct transport always runs in an existing context."""
     ray = sys.modules.get("ray")
     worker: Any = getattr(getattr(getattr(ray, "_private", None), "worker", None), "global_worker", None)
+    if not getattr(worker, "serialization_context_map", None):
+        return False
     try:
         context = worker.get_serialization_context()
     except Exception:  # no Ray, a Ray without this context: not under direct transport
