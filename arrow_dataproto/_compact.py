@@ -154,6 +154,8 @@ def _tensor(name: str, dtype: torch.dtype, shape: tuple[int, ...], buffer: Any, 
     if count > 2**62:
         raise column_error(DecodeError, name, f"corrupt compact state: shape {shape}")
     flat = _bytes(name, buffer, count * dtype.itemsize, view)
+    if flat.data_ptr() % dtype.itemsize:  # a view of a misaligned buffer: torch crashes on misaligned complex128
+        flat = flat.clone()
     return flat.view(dtype).view(shape)
 
 

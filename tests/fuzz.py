@@ -58,6 +58,12 @@ reported with the input that caused it. Targets:
     a forked child that SIGKILLs itself after a drawn number of bytes: a batch whose write
     returned and is in neither the file nor what ``recover_file`` reads from a partial file,
     or a refused write that changed a partial file, is a finding (``unexpected:AssertionError``).
+``compact``
+    ``integrations.verl.rebuild_compact(cls, state)``: the compact state a small verl
+    DataProto pickles to under ``install()`` (``arrow_dataproto._compact``: per tensor a
+    name, dtype, shape and bytes; jagged offsets or the index of the column whose offsets
+    it shares). Trusted like ``state``; a lying shape, byte count, offset, dtype, batch size
+    or version must be a ``DecodeError``, never a read outside the buffers.
 ``file-flip``, ``file-flip-zstd``, ``file-flip-portable``
     one byte anywhere in a checksummed file XORed with 1..255, read with ``verify=True``,
     ``verify()`` and ``read_all``: strict, so a decode that differs from the seed is a finding
@@ -163,7 +169,8 @@ from tensordict import TensorDict
 import arrow_dataproto as adp
 from arrow_dataproto import files as adp_files
 from arrow_dataproto import pandas as adp_pandas
-from arrow_dataproto import pickling, verl_api
+from arrow_dataproto import _compact, _dtypes, pickling, verl_api
+from arrow_dataproto.integrations import verl as adp_verl
 from arrow_dataproto.testing import assert_dataproto_equal, sample_dataproto, strict_equal
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -229,6 +236,91 @@ def _plain_state(value: Any) -> Any:
 def _decode_state(state: list) -> adp.DataProto:
     schema_bytes, num_rows, columns = state
     return pickling.rebuild_dataproto(schema_bytes, num_rows, columns)
+
+
+def _compact_payload(dp: adp.DataProto) -> tuple:
+    """The compact state of ``dp`` (a seed it takes), every ``PickleBuffer`` as ``bytes``."""
+    state = _compact.state(dp)
+    assert state is not None, "a seed of the compact target that it does not take"
+    *head, columns, non_tensor, meta_info = state
+    plain = [tuple(bytes(c.raw()) if isinstance(c, pickle.PickleBuffer) else c for c in column) for column in columns]
+    return (*head, plain, non_tensor, meta_info)
+
+
+def _compact_dtypes() -> adp.DataProto:
+    """Every dtype, a jagged tensor ragged at 2 and one sharing another's offsets: the compact target's seed."""
+    g = torch.Generator().manual_seed(5)
+    tensors = {}
+    for dtype in sorted(_dtypes.STORAGE, key=str):
+        raw = torch.randint(0, 256, (3 * 2 * dtype.itemsize,), dtype=torch.uint8, generator=g)
+        tensors[str(dtype)] = (raw % 2 if dtype == torch.bool else raw).view(dtype).view(3, 2)
+    a = torch.nested.nested_tensor([torch.ones(2, n) for n in (1, 0, 4)], layout=torch.jagged)
+    a = torch.nested.nested_tensor_from_jagged(a.values(), a.offsets(), jagged_dim=2)
+    b = torch.nested.nested_tensor_from_jagged(a.values() * 2, a.offsets(), jagged_dim=2)
+    return adp.DataProto(TensorDict({**tensors, "a": a, "b": b}, batch_size=[3]), {"uid": np.array(["x", "y", "z"], dtype=object)})
+
+
+def _mutate_compact(state: tuple, rng: random.Random, corpus: Corpus, target: Target) -> tuple[tuple, str]:
+    """One lie in a compact state: its version, batch size or device, the column list, or one
+    column's name, dtype, shape, bytes, offsets or ragged dimension."""
+    version, batch_size, device, columns, non_tensor, meta_info = state
+    columns = [list(c) for c in columns]
+    op = rng.random()
+    if op < 0.08 or not columns:
+        version = rng.choice([0, 2, None, "1", 1.0, True])
+        desc = "version"
+    elif op < 0.18:
+        rows = batch_size[0] if isinstance(batch_size, tuple) and batch_size and type(batch_size[0]) is int else 0
+        batch_size = rng.choice([(), None, [rows], (rows + 1,), (rows - 1,), (-1,), (rows, 2), (2**62,), ("3",), (rows, 0)])
+        desc = "batch_size"
+    elif op < 0.22:
+        device = rng.choice(["cuda:0", "meta", 3, "cpu", ""])
+        desc = "device"
+    elif op < 0.3:
+        i, j = rng.randrange(len(columns)), rng.randrange(len(columns))
+        kind = rng.choice(["swap", "drop", "duplicate"])
+        if kind == "swap":
+            columns[i], columns[j] = columns[j], columns[i]
+        elif kind == "drop":
+            columns.pop(i)
+        else:
+            columns.insert(i, list(columns[j]))
+        desc = f"columns:{kind}"
+    else:
+        column = rng.choice(columns)
+        part = rng.choice(["name", "dtype", "shape", "shape", "data", "data", "offsets", "offsets", "ragged", "length"])
+        if len(column) != 6:  # an earlier mutation's: only the length is edited again
+            part = "length"
+        if part == "name":
+            column[0] = rng.choice([columns[0][0] if columns[0] else "x", "", 3, None])
+        elif part == "dtype":
+            column[1] = rng.choice(sorted(_dtypes.dtype_name(d) for d in _dtypes.STORAGE) + ["float128", "", 3])
+        elif part == "shape":
+            shape = list(column[2]) if isinstance(column[2], (tuple, list)) else []
+            if shape and rng.random() < 0.7:
+                shape[rng.randrange(len(shape))] = rng.choice(INTERESTING_INTS)
+            else:
+                shape = rng.choice([[], shape + [1], shape[:-1], [2**31] * 3])
+            column[2] = tuple(shape) if rng.random() < 0.9 else shape
+        elif part == "data":
+            other = rng.choice(columns)
+            donor = other[3] if len(other) > 3 and isinstance(other[3], bytes) else b""
+            data = column[3] if isinstance(column[3], bytes) and column[3] else b"\0"
+            column[3] = _mutate_bytes(data, rng, donor or data)[0] if rng.random() < 0.8 else rng.choice([None, 3, "x"])
+        elif part == "offsets":
+            if isinstance(column[4], bytes) and rng.random() < 0.6:
+                values = list(struct.unpack(f"<{len(column[4]) // 8}q", column[4]))
+                if values:
+                    values[rng.randrange(len(values))] = rng.choice([v for v in INTERESTING_INTS if -(2**63) <= v < 2**63])
+                column[4] = struct.pack(f"<{len(values)}q", *values)
+            else:
+                column[4] = rng.choice([None, 0, 1, 2, -1, len(columns), b"", b"\0" * 8, "x"])
+        elif part == "ragged":
+            column[5] = rng.choice(INTERESTING_INTS + [None, "1"])
+        else:
+            column[:] = column[: rng.randrange(len(column) + 1)] if rng.random() < 0.5 else column + [None]
+        desc = f"column:{part}"
+    return (version, batch_size, device, [tuple(c) for c in columns], non_tensor, meta_info), f"compact:{desc}"
 
 
 def _as_verl_holds(dp: adp.DataProto) -> adp.DataProto:
@@ -726,6 +818,15 @@ def targets() -> dict[str, Target]:
     )
     found += writer_targets()
     found += _json_foreign_targets()
+    found.append(
+        Target(
+            "compact",
+            encode=_compact_payload,
+            decode=lambda payload: adp_verl.rebuild_compact(adp.DataProto, payload),
+            mutate=lambda payload, rng, corpus, target: _mutate_compact(payload, rng, corpus, target),
+            seeds=("verl-ppo", "compact-dtypes", "no-batch", "json"),
+        )
+    )
     found.append(
         Target(  # damaged verl pickles (load_from_disk(allow_pickle=True)): DecodeError, never a crash
             "verl-pickle",
@@ -1266,6 +1367,8 @@ def make_case(number: int, base_seed: int, corpus: Corpus) -> Case:
             payload, desc = _mutate_bytes(payload, rng, corpus.donor(target, rng))
         elif target.name == "pandas":
             payload, desc = _mutate_frame(payload, rng)
+        elif target.name == "compact":
+            payload, desc = _mutate_compact(payload, rng, corpus, target)
         else:
             payload, desc = _mutate_state(payload, rng, corpus)
         descs.append(desc)
@@ -1631,6 +1734,7 @@ OWN_SEEDS: dict[str, Callable[[], adp.DataProto]] = {  # seeds of one target eac
     "json": _json_seed,
     "verl-ppo": lambda: _as_verl_holds(sample_dataproto(seed=0)),
     "verl-kinds": lambda: _as_verl_holds(kinds_dataproto()),
+    "compact-dtypes": _compact_dtypes,
     "foreign": lambda: adp.from_ipc(_foreign_table_bytes(random.Random(0))[0]),
 }
 
