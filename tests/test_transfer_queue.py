@@ -79,6 +79,48 @@ def keys(rows: int, start: int = 0) -> list[str]:
     return [f"k{i}" for i in range(start, start + rows)]
 
 
+# ---------------------------------------------------------------- the directory's bookkeeping (no Ray)
+
+
+def _where(directory: backend.Directory, field: str, indexes: list[int]) -> list[tuple[str, int]]:
+    """``(object ref, row)`` of each index of ``field``, as ``locate`` reports them."""
+    refs, where = directory.locate("p", [field], indexes)
+    objs, rows = where[field]
+    return [(refs[o], int(r)) for o, r in zip(objs, rows)]
+
+
+def test_directory_streaming_puts_later_fields_and_overwrites():
+    d = backend.Directory()
+    d.register("p", "a", ["A"], [0, 1, 2, 3], ["x", "y"])
+    d.register("p", "b", ["B"], [4, 5], ["x", "y"])
+    d.register("p", "c", ["C"], [0, 1, 2, 3, 4, 5], ["z"])  # a later field of every row
+    assert _where(d, "x", [5, 0, 4, 3]) == [("B", 1), ("A", 0), ("B", 0), ("A", 3)]
+    assert _where(d, "z", [5, 0]) == [("C", 5), ("C", 0)]
+    refs, where = d.locate("p", ["x", "y", "z"], [1, 4])
+    assert refs == ["A", "B", "C"] and where["x"][0].tolist() == where["y"][0].tolist() == [0, 1]
+    assert where["z"][0].tolist() == [2, 2] and where["z"][1].tolist() == [1, 4]
+    d.register("p", "d", ["D"], [4, 5], ["x", "y"])  # every cell of b replaced: b is freed
+    assert d.held() == 3 and _where(d, "y", [4, 5]) == [("D", 0), ("D", 1)]
+    d.register("p", "e", ["E"], [0], ["x"])  # one cell of a replaced: a keeps its other 7
+    assert d.held() == 4 and _where(d, "x", [0, 1]) == [("E", 0), ("A", 1)]
+    assert d.objects["a"][1] == 7
+
+
+def test_directory_release_frees_an_object_with_its_last_cell():
+    d = backend.Directory()
+    d.register("p", "a", ["A"], [0, 1, 2], ["x", "y"])
+    d.register("p", "b", ["B"], [3], ["x"])
+    d.register("q", "c", ["C"], [0], ["x"])  # another partition, same index
+    d.release("p", [0, 3])
+    assert sorted(d.objects) == ["a", "c"] and d.objects["a"][1] == 4
+    with pytest.raises(KeyError, match="field 'x' has no stored row 0"):
+        d.locate("p", ["x"], [0])
+    d.release("p", [1, 2, 7])  # 7 was never stored
+    assert sorted(d.objects) == ["c"] and not any(p == "p" for p, _ in d.cells)
+    refs, where = d.locate("q", ["x"], [0])
+    assert refs == ["C"] and where["x"][1].tolist() == [0]
+
+
 def test_put_get_clear_round_trip(tq_on_ray):
     before = held(tq_on_ray)
     data = batch(8)

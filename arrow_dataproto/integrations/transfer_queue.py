@@ -55,8 +55,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import operator
 import threading
 import uuid
+from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -125,17 +127,21 @@ class Directory:
             self.pinned[object_id] = data
 
     def register(self, partition: str, object_id: str, refs: list, indexes: list[int], fields: list[str]) -> None:
-        """Record object ``object_id`` (``refs[0]``) as holding rows ``indexes`` of ``fields``."""
+        """Record object ``object_id`` (``refs[0]``) as holding rows ``indexes`` of ``fields``.
+        (Each row loop here and below runs in C: ``map``, ``dict.update``, ``Counter``.)"""
+        placed = dict(zip(indexes, zip(itertools.repeat(object_id), itertools.count())))
         with self.lock:
             self.objects[object_id] = [refs[0], len(indexes) * len(fields)]
-            replaced: dict[str, int] = {}
+            replaced: Counter[str] = Counter()
+            last: tuple[list, Counter[str]] = ([], Counter())
             for field in fields:
                 cells = self.cells.setdefault((partition, field), {})
-                for row, index in enumerate(indexes):
-                    old = cells.get(index)
-                    if old is not None:
-                        replaced[old[0]] = replaced.get(old[0], 0) + 1
-                    cells[index] = (object_id, row)
+                if cells:
+                    old = list(filter(None, map(cells.get, indexes)))
+                    if old != last[0]:  # else the same cells as the previous field's: the same counts
+                        last = (old, Counter(map(_OBJECT, old)))
+                    replaced.update(last[1])
+                cells.update(placed)
             for old_id, count in replaced.items():
                 self._drop(old_id, count)
 
@@ -146,15 +152,23 @@ class Directory:
         with self.lock:
             numbers: dict[str, int] = {}
             where = {}
+            last: tuple[list, Any] = ([], None)
             for field in fields:
                 cells = self.cells.get((partition, field), {})
                 try:
-                    found = [cells[i] for i in indexes]
+                    found = list(map(cells.__getitem__, indexes))
                 except KeyError as e:
                     raise KeyError(f"partition {partition!r}: field {field!r} has no stored row {e.args[0]}") from None
-                objs = np.fromiter((numbers.setdefault(o, len(numbers)) for o, _ in found), np.int64, len(found))
-                rows = np.fromiter((r for _, r in found), np.int64, len(found))
+                if found == last[0]:  # fields of the same puts (the same cell objects: compared by identity first)
+                    where[field] = last[1]
+                    continue
+                ids = list(map(_OBJECT, found))
+                for object_id in dict.fromkeys(ids):
+                    numbers.setdefault(object_id, len(numbers))
+                objs = np.fromiter(map(numbers.__getitem__, ids), np.int64, len(found))
+                rows = np.fromiter(map(_ROW, found), np.int64, len(found))
                 where[field] = (objs, rows)
+                last = (found, where[field])
             copies = [self._copy(i) for i in numbers if owned and i in self.pinned]
         for copy in copies:  # outside the lock: the copier takes it to finish
             copy.result()
@@ -193,13 +207,14 @@ class Directory:
     def release(self, partition: str, indexes: list[int]) -> None:
         """Forget every field of rows ``indexes``; free each object none of whose cells is left."""
         with self.lock:
-            released: dict[str, int] = {}
+            released: Counter[str] = Counter()
+            last: tuple[list, Counter[str]] = ([], Counter())
             for field in [f for p, f in self.cells if p == partition]:
                 cells = self.cells[(partition, field)]
-                for index in indexes:
-                    old = cells.pop(index, None)
-                    if old is not None:
-                        released[old[0]] = released.get(old[0], 0) + 1
+                popped = list(filter(None, map(cells.pop, indexes, itertools.repeat(None))))
+                if popped != last[0]:  # else the same cells as the previous field's: the same counts
+                    last = (popped, Counter(map(_OBJECT, popped)))
+                released.update(last[1])
                 if not cells:
                     del self.cells[(partition, field)]
             for object_id, count in released.items():
@@ -210,6 +225,8 @@ class Directory:
         with self.lock:
             return len(self.objects)
 
+
+_OBJECT, _ROW = operator.itemgetter(0), operator.itemgetter(1)  # of a cell: (object id, row in it)
 
 _created_here: dict[str, Any] = {}  # directory name -> handle, in the process that started it
 
