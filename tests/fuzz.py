@@ -260,6 +260,19 @@ def _compact_dtypes() -> adp.DataProto:
     return adp.DataProto(TensorDict({**tensors, "a": a, "b": b}, batch_size=[3]), {"uid": np.array(["x", "y", "z"], dtype=object)})
 
 
+def _reorder_columns(columns: list, rng: random.Random) -> str:
+    """Swap two of a state's columns, drop one or duplicate one, in place; returns which."""
+    i, j = rng.randrange(len(columns)), rng.randrange(len(columns))
+    kind = rng.choice(["swap", "drop", "duplicate"])
+    if kind == "swap":
+        columns[i], columns[j] = columns[j], columns[i]
+    elif kind == "drop":
+        columns.pop(i)
+    else:
+        columns.insert(i, copy.deepcopy(columns[j]))
+    return kind
+
+
 def _mutate_compact(state: tuple, rng: random.Random, corpus: Corpus, target: Target) -> tuple[tuple, str]:
     """One lie in a compact state: its version, batch size or device, the column list, or one
     column's name, dtype, shape, bytes, offsets or ragged dimension."""
@@ -277,15 +290,7 @@ def _mutate_compact(state: tuple, rng: random.Random, corpus: Corpus, target: Ta
         device = rng.choice(["cuda:0", "meta", 3, "cpu", ""])
         desc = "device"
     elif op < 0.3:
-        i, j = rng.randrange(len(columns)), rng.randrange(len(columns))
-        kind = rng.choice(["swap", "drop", "duplicate"])
-        if kind == "swap":
-            columns[i], columns[j] = columns[j], columns[i]
-        elif kind == "drop":
-            columns.pop(i)
-        else:
-            columns.insert(i, list(columns[j]))
-        desc = f"columns:{kind}"
+        desc = f"columns:{_reorder_columns(columns, rng)}"
     else:
         column = rng.choice(columns)
         part = rng.choice(["name", "dtype", "shape", "shape", "data", "data", "offsets", "offsets", "ragged", "length"])
@@ -1304,15 +1309,7 @@ def _mutate_state(state: list, rng: random.Random, corpus: Corpus) -> tuple[list
     if op < 0.35:
         return [schema_bytes, rng.choice(INTERESTING_INTS + [None, "3"]), columns], "num_rows"
     if op < 0.4 and columns:
-        i, j = rng.randrange(len(columns)), rng.randrange(len(columns))
-        kind = rng.choice(["swap", "drop", "duplicate"])
-        if kind == "swap":
-            columns[i], columns[j] = columns[j], columns[i]
-        elif kind == "drop":
-            columns.pop(i)
-        else:
-            columns.insert(i, copy.deepcopy(columns[j]))
-        return [schema_bytes, num_rows, columns], f"columns:{kind}"
+        return [schema_bytes, num_rows, columns], f"columns:{_reorder_columns(columns, rng)}"
     nodes = _nodes(columns)
     if not nodes:
         return [schema_bytes, num_rows, columns], "columns:empty"

@@ -82,6 +82,13 @@ def keys(rows: int, start: int = 0) -> list[str]:
 # ---------------------------------------------------------------- the directory's bookkeeping (no Ray)
 
 
+@pytest.fixture
+def directory(monkeypatch) -> backend.Directory:
+    """A directory in this process (its constructor's process-wide receive options not applied here)."""
+    monkeypatch.setattr(backend, "set_receive_options", lambda **options: None)
+    return backend.Directory()
+
+
 def _where(directory: backend.Directory, field: str, indexes: list[int]) -> list[tuple[str, int]]:
     """``(object ref, row)`` of each index of ``field``, as ``locate`` reports them."""
     refs, where = directory.locate("p", [field], indexes)
@@ -89,8 +96,8 @@ def _where(directory: backend.Directory, field: str, indexes: list[int]) -> list
     return [(refs[o], int(r)) for o, r in zip(objs, rows)]
 
 
-def test_directory_streaming_puts_later_fields_and_overwrites():
-    d = backend.Directory()
+def test_directory_streaming_puts_later_fields_and_overwrites(directory):
+    d = directory
     d.register("p", "a", ["A"], [0, 1, 2, 3], ["x", "y"])
     d.register("p", "b", ["B"], [4, 5], ["x", "y"])
     d.register("p", "c", ["C"], [0, 1, 2, 3, 4, 5], ["z"])  # a later field of every row
@@ -106,8 +113,8 @@ def test_directory_streaming_puts_later_fields_and_overwrites():
     assert d.objects["a"][1] == 7
 
 
-def test_directory_release_frees_an_object_with_its_last_cell():
-    d = backend.Directory()
+def test_directory_release_frees_an_object_with_its_last_cell(directory):
+    d = directory
     d.register("p", "a", ["A"], [0, 1, 2], ["x", "y"])
     d.register("p", "b", ["B"], [3], ["x"])
     d.register("q", "c", ["C"], [0], ["x"])  # another partition, same index
