@@ -38,7 +38,7 @@ from tensordict import TensorDict
 from . import _jagged
 from ._compat import ragged_idx, torch_function_off
 from ._dtypes import STORAGE, dtype_from_name, dtype_name
-from .errors import DecodeError, column_error
+from .errors import DecodeError, FormatVersionError, column_error
 
 LIMIT: Final = 1 << 20
 """The most bytes of tensors and numeric columns a compact state holds. Up to this size a copy
@@ -57,6 +57,9 @@ def _raw(t: torch.Tensor) -> pickle.PickleBuffer:
 
 
 def _jagged_column(name: str, t: _jagged.JaggedTensor, shared: dict[int, int], index: int) -> tuple | None:
+    """``(column, value bytes)`` of jagged tensor ``t``, column number ``index``; ``None`` for
+    one the compact state does not take (holes between rows, autograd). ``shared`` maps the
+    ``id`` of each offsets tensor met to the first column holding it."""
     if t.lengths() is not None:
         return None
     values, offsets = _jagged.parts(t)
@@ -144,12 +147,14 @@ def _bytes(name: str, buffer: Any, nbytes: int, view: bool) -> torch.Tensor:
 
 
 def _shape(name: str, shape: Any) -> tuple[int, ...]:
+    """``shape`` if it is a non-empty tuple of sizes in range, else :class:`DecodeError`."""
     if type(shape) is not tuple or not shape or not all(type(n) is int and 0 <= n < 2**62 for n in shape):
         raise column_error(DecodeError, name, f"corrupt compact state: shape {str(shape)[:60]}")
     return shape
 
 
 def _tensor(name: str, dtype: torch.dtype, shape: tuple[int, ...], buffer: Any, view: bool) -> torch.Tensor:
+    """The ``dtype`` tensor of ``shape`` held in ``buffer`` (which must hold exactly its bytes)."""
     count = math.prod(shape)
     if count > 2**62:
         raise column_error(DecodeError, name, f"corrupt compact state: shape {shape}")
@@ -173,6 +178,7 @@ def _offsets(name: str, stored: Any, columns: list[tuple], built: list[Any], row
 
 
 def _column(column: Any, rows: int, columns: list[tuple], built: list[Any], view: bool) -> torch.Tensor:
+    """One column's tensor, dense or jagged (``built``: the columns before it, for shared offsets)."""
     if type(column) is not tuple or len(column) != 6 or type(column[0]) is not str:
         raise DecodeError(f"corrupt compact state: a column {str(column)[:60]}")
     name, dtype_text, shape, data, offsets, ragged = column
@@ -188,6 +194,7 @@ def _column(column: Any, rows: int, columns: list[tuple], built: list[Any], view
 
 
 def _batch(batch_size: Any, recorded: Any, columns: Any, view: bool, device: str | None) -> TensorDict:
+    """The TensorDict of the state's columns, placed on ``device`` if given, else as recorded."""
     if type(batch_size) is not tuple or not batch_size or not all(type(n) is int and n >= 0 for n in batch_size):
         raise DecodeError(f"corrupt compact state: batch size {str(batch_size)[:60]}")
     if recorded not in (None, "cpu") or type(columns) is not list:
@@ -214,12 +221,12 @@ def parts(compact: Any, *, copy: bool | str, device: str | None) -> tuple[Tensor
     Tensors are copies unless ``copy`` is ``False`` (views of the received buffers); with
     ``device`` they are moved there (the transfer is the copy). Numeric numpy columns are
     copies, or with ``copy=False`` the arrays as unpickled. :class:`DecodeError` for a
-    malformed state (a later version's included)."""
+    malformed state; :class:`FormatVersionError` (a ``DecodeError``) for another version's."""
     if type(compact) is not tuple or len(compact) != 6:
         raise DecodeError(f"corrupt compact state: {str(compact)[:60]}")
     version, batch_size, recorded, columns, non_tensor, meta_info = compact
-    if version != VERSION:
-        raise DecodeError(f"compact state of version {str(version)[:20]}; this reader knows {VERSION}")
+    if type(version) is not int or version != VERSION:
+        raise FormatVersionError(f"compact state of version {str(version)[:20]}; this reader knows {VERSION}")
     if type(non_tensor) is not dict or type(meta_info) is not dict:
         raise DecodeError("corrupt compact state: non_tensor_batch and meta_info must be dicts")
     view = copy is False

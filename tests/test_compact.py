@@ -16,7 +16,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from arrow_dataproto import DecodeError, EncodeError, receive_options
+from arrow_dataproto import DecodeError, EncodeError, FormatVersionError, receive_options
 from arrow_dataproto import _compact
 from arrow_dataproto._compat import ragged_idx
 from arrow_dataproto.integrations import verl as adp_verl
@@ -266,6 +266,12 @@ CORRUPT = {
     "repeated names": _set(("col", 1, 0), "x"),
     "a column of five": lambda s, c: c[0].pop(),
 }
+
+
+@pytest.mark.parametrize("version", [2, 0, True, "1"])
+def test_another_version_is_a_format_version_error(version):
+    with pytest.raises(FormatVersionError):
+        adp_verl.rebuild_compact(Small, _with(_set(("state", 0), version)))
 
 
 @pytest.mark.parametrize("name", CORRUPT)
