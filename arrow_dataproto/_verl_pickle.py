@@ -245,7 +245,8 @@ _NUMPY_STANDINS = {"_reconstruct": _Array, "dtype": _Dtype, "scalar": _scalar, "
 
 
 def _resolve(value: Any, depth: int) -> Any:
-    """``value`` with each stand-in replaced by what it stands for, in dicts, lists, tuples and sets."""
+    """``value`` with each stand-in replaced by what it stands for, in dicts, lists, tuples, sets
+    and the fields of a :class:`VerlState`."""
     if isinstance(value, (_Array, _Dtype)):
         if value.value is None:
             raise DecodeError("pickled numpy array without its state")
@@ -266,6 +267,9 @@ def _resolve(value: Any, depth: int) -> Any:
             return items
     elif type(value) is set:
         return {_resolve(item, depth + 1) for item in value}
+    elif isinstance(value, VerlState):  # one rebuilt by a reduce function (the compact pickle), not by load_state
+        value.non_tensor_batch = _resolve(value.non_tensor_batch, depth + 1)
+        value.meta_info = _resolve(value.meta_info, depth + 1)
     return value
 
 

@@ -16,5 +16,5 @@ if [ "${ADP_SKIP_COMPAT:-0}" != 1 ]; then
     bash scripts/setup.sh compat
     .venv-compat/bin/python -m pytest -m "not slow" \
         tests/test_codec.py tests/test_protocol.py tests/test_pickling.py tests/test_dtypes.py \
-        tests/test_objects.py tests/test_verl.py tests/test_verl_parity.py
+        tests/test_objects.py tests/test_verl.py tests/test_verl_parity.py tests/test_compact.py
 fi

@@ -16,6 +16,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+import arrow_dataproto as adp
 from arrow_dataproto import DecodeError, EncodeError, FormatVersionError, receive_options
 from arrow_dataproto import _compact
 from arrow_dataproto._compat import ragged_idx
@@ -291,3 +292,26 @@ def test_the_untouched_state_decodes():
 def test_states_of_the_wrong_shape_raise_decode_error(state):
     with pytest.raises(DecodeError):
         adp_verl.rebuild_compact(Small, state)
+
+
+# ---------------------------------------------------------------- verl's own class
+
+
+@pytest.mark.verl
+def test_verl_small_batches_pickle_compact_and_load_from_disk(tmp_path):
+    module = pytest.importorskip("verl.protocol", reason="verl is not installed (pip install --no-deps verl)")
+    cls = module.DataProto
+    adp_verl.install(cls)
+    try:
+        original = cls(TensorDict({"x": torch.arange(6).view(3, 2), "j": _jagged([1, 0, 2])}, batch_size=[3]),
+                       {"uid": np.array(["a", "b", "c"], dtype=object)}, {"step": 1})
+        assert _reducer(original) is adp_verl.rebuild_compact
+        restored = _round_trip(original)
+        assert type(restored) is cls
+        restored.check_consistency()
+        assert_dataproto_equal(restored, original)
+        path = tmp_path / "small.pkl"  # verl's save_to_disk pickles with the default protocol: 5 from Python 3.14
+        path.write_bytes(pickle.dumps(original, protocol=5))
+        assert_dataproto_equal(adp.DataProto.load_from_disk(path, allow_pickle=True), original)
+    finally:
+        adp_verl.uninstall(cls)
