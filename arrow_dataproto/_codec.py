@@ -454,6 +454,10 @@ def read_stream(buffer: Any, max_decoded_bytes: _limits.MaxDecoded = "auto") -> 
         if isinstance(e, DecodeError):
             raise
         raise DecodeError(f"not a readable Arrow IPC stream: {e}") from e
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- a registered extension type's deserializer runs on these bytes: anything
+        raise DecodeError(f"not a readable Arrow IPC stream: {type(e).__name__} while reading it: {e}") from e
     if not batches:
         raise DecodeError("the IPC stream holds no record batch")
     return batches

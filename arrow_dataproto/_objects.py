@@ -272,6 +272,15 @@ class Numeric:
         return out if out.dtype == dtype else out.astype(dtype)
 
 
+def beyond_unicode(values: np.ndarray) -> int | None:
+    """The first code point above U+10FFFF in a numpy ``U`` array, else ``None``. numpy holds
+    any 32-bit value (an array built from bytes); Python cannot (``tolist()`` raises
+    ``SystemError``), and pyarrow turns one into bytes that are not UTF-8."""
+    codes = np.ascontiguousarray(values).view(np.dtype("u4").newbyteorder(values.dtype.byteorder))
+    beyond = np.flatnonzero(codes > 0x10FFFF)
+    return int(codes.reshape(-1)[beyond[0]]) if len(beyond) else None
+
+
 class String:
     """``U S``: a string / binary column (``fixed_shape_tensor`` of them for N-D)."""
 
@@ -281,6 +290,8 @@ class String:
     @staticmethod
     def encode(name: str, values: np.ndarray) -> pa.Array | None:
         # Via Python objects: pa.array(<numpy U/S array>) cuts values at the first NUL.
+        if values.dtype.kind == "U" and (code := beyond_unicode(values)) is not None:
+            raise column_error(EncodeError, name, f"a value holds {code:#x}, beyond Unicode (U+10FFFF): not text")
         value_type = _STRING_VALUE_TYPES[values.dtype.kind][0]
         flat = _to_arrow(values.reshape(-1).tolist(), value_type)
         return _wrap(flat, _shaped(flat.type, values.shape[1:]), len(values))

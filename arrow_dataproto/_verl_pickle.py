@@ -223,7 +223,14 @@ def _build_array(data: Any, dtype: Any, shape: Any, order: str) -> Any:
     if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) != count * dtype.itemsize:
         size = len(data) if isinstance(data, (bytes, bytearray, memoryview)) else type(data).__name__
         raise DecodeError(f"pickled numpy array: {size} bytes for shape {shape} of {dtype}")
-    return np.frombuffer(data, dtype=dtype, count=count).reshape(shape, order=order).copy(order="K")  # type: ignore[call-overload]
+    out = np.frombuffer(data, dtype=dtype, count=count)
+    if dtype.kind == "U":
+        from ._objects import beyond_unicode
+
+        code = beyond_unicode(out)
+        if code is not None:
+            raise DecodeError(f"pickled numpy {dtype} array: a value holds {code:#x}, beyond Unicode (U+10FFFF)")
+    return out.reshape(shape, order=order).copy(order="K")  # type: ignore[call-overload]
 
 
 def _frombuffer(data: Any, dtype: Any, shape: Any, order: Any) -> Any:

@@ -12,6 +12,7 @@ import copy
 import json
 import pickle
 
+import numpy as np
 import pyarrow as pa
 import pytest
 import torch
@@ -204,3 +205,48 @@ def test_from_arrow_refuses_offsets_arrow_validation_misses():
         lying = pa.ExtensionArray.from_storage(column.type, bad)
         with pytest.raises(adp.DecodeError, match="'input_ids'.*offset"):
             adp.from_arrow(pa.RecordBatch.from_arrays([lying, *batch.columns[1:]], schema=batch.schema))
+
+
+def _beyond_unicode(dtype: str = "<U2") -> np.ndarray:
+    """A numpy text array built from bytes, one of whose code points is 0x8000000 (numpy holds any 32 bits)."""
+    return np.frombuffer(np.array([0x61, 0x8000000, 0x62, 0x63], dtype=f"{dtype[0]}u4").tobytes(), dtype=dtype)
+
+
+def test_a_verl_pickle_with_text_beyond_unicode_raises_decode_error(worker):
+    # a flipped bit in a numpy <U4 array: tolist() raised SystemError, and pyarrow wrote the value as bytes
+    # that are not UTF-8, so the decoded DataProto could not be sent on (fuzz cases 10234 and 63226, verl-pickle)
+    payload = fuzz._encode_verl_pickle(adp.DataProto(non_tensor_batch={"name": _beyond_unicode()}))
+    outcome, detail = worker.run("verl-pickle", "no-batch", payload)
+    assert outcome == "error:DecodeError" and "beyond Unicode" in detail, detail
+
+
+@pytest.mark.parametrize("dtype", ["<U2", ">U2"])
+def test_text_beyond_unicode_is_an_encode_error(dtype):
+    with pytest.raises(adp.EncodeError, match="'name'.*0x8000000"):
+        adp.to_arrow(adp.DataProto(non_tensor_batch={"name": _beyond_unicode(dtype)}))
+
+
+def test_an_extension_type_deserializer_that_raises_is_a_decode_error():
+    # a registered extension type's __arrow_ext_deserialize__ runs on the stream's bytes; its KeyError
+    # escaped from_ipc (fuzz case 55496, foreign-types)
+    class Fragile(pa.ExtensionType):
+        def __init__(self):
+            super().__init__(pa.int32(), "adp-test.fragile")
+
+        def __arrow_ext_serialize__(self) -> bytes:
+            return b"{}"
+
+        @classmethod
+        def __arrow_ext_deserialize__(cls, storage_type, serialized):
+            return {}["scale"]
+
+    pa.register_extension_type(Fragile())
+    try:
+        table = pa.table({"x": pa.ExtensionArray.from_storage(Fragile(), pa.array([1, 2], pa.int32()))})
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        with pytest.raises(adp.DecodeError, match="KeyError"):
+            adp.from_ipc(sink.getvalue())
+    finally:
+        pa.unregister_extension_type("adp-test.fragile")
