@@ -244,6 +244,10 @@ def scan_stream(data: pa.Buffer, where: str) -> StreamIndex:
                 raise DecodeError(f"unexpected {message.type} message at byte {start}")
     except (pa.ArrowException, OSError, ValueError, EOFError) as e:  # DecodeError is a ValueError
         raise DecodeError(f"{where}: an Arrow IPC stream cut short or corrupt: {e}") from e
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- a registered extension type's deserializer reads the schema: anything
+        raise DecodeError(f"{where}: {type(e).__name__} while reading its schema: {e}") from e
     if any(n < 0 for n in rows):
         raise DecodeError(f"{where}: a record batch of a negative number of rows")
     compression = next(iter(codecs - {None}), None)

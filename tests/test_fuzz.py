@@ -226,9 +226,9 @@ def test_text_beyond_unicode_is_an_encode_error(dtype):
         adp.to_arrow(adp.DataProto(non_tensor_batch={"name": _beyond_unicode(dtype)}))
 
 
-def test_an_extension_type_deserializer_that_raises_is_a_decode_error():
+def test_an_extension_type_deserializer_that_raises_is_a_decode_error(tmp_path):
     # a registered extension type's __arrow_ext_deserialize__ runs on the stream's bytes; its KeyError
-    # escaped from_ipc (fuzz case 55496, foreign-types)
+    # escaped from_ipc (fuzz case 55496, foreign-types), and the file readers
     class Fragile(pa.ExtensionType):
         def __init__(self):
             super().__init__(pa.int32(), "adp-test.fragile")
@@ -248,5 +248,11 @@ def test_an_extension_type_deserializer_that_raises_is_a_decode_error():
             writer.write_table(table)
         with pytest.raises(adp.DecodeError, match="KeyError"):
             adp.from_ipc(sink.getvalue())
+        (tmp_path / "stream.arrow").write_bytes(sink.getvalue().to_pybytes())
+        with pa.ipc.new_file(str(tmp_path / "file.arrow"), table.schema) as writer:
+            writer.write_table(table)
+        for name in ("stream.arrow", "file.arrow"):
+            with pytest.raises(adp.DecodeError, match="KeyError"):
+                adp.files.read_file(tmp_path / name)
     finally:
         pa.unregister_extension_type("adp-test.fragile")

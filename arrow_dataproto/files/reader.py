@@ -161,6 +161,10 @@ class FileReader(BatchReader):
             return pa.ipc.open_file(data, options=options), data
         except (pa.ArrowException, OSError, ValueError) as e:
             raise DecodeError(f"{self.path}: corrupt Arrow file footer: {e}") from e
+        except MemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001 -- a registered extension type's deserializer reads the schema: anything
+            raise DecodeError(f"{self.path}: {type(e).__name__} while reading its schema: {e}") from e
 
     def _check_decoded_size(self, data: pa.Buffer, indices: Sequence[int]) -> None:
         """Refuse (before decompressing) batches that decode to more than ``max_decoded_bytes``
