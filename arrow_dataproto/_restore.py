@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 from ._format import FORMAT, META_INFO, META_INFO_ENCODING, PORTABLE, check_schema, text_metadata
 from ._meta_info import decode_meta_info, encode_meta_info
 from ._portable import forms
-from .errors import ArgumentTypeError, DecodeError, SchemaMismatchError, column_error
+from .errors import ArgumentTypeError, DataProtoError, DecodeError, SchemaMismatchError, column_error
 
 class StoredFormWarning(UserWarning):
     """Columns of another tool's table look like this format's stored forms and were read
@@ -81,6 +81,10 @@ def _file_schema(path: str, allow_pickle: bool) -> pa.Schema:
             merged.update(decode_meta_info(text_metadata(custom), allow_pickle=allow_pickle))
     except (pa.ArrowException, EOFError) as e:
         raise DecodeError(f"{path}: cannot read its schema: {e}") from e
+    except (MemoryError, DataProtoError, OSError):  # OSError: no such file
+        raise
+    except Exception as e:  # noqa: BLE001 -- a registered extension type's deserializer reads the schema: anything
+        raise DecodeError(f"{path}: {type(e).__name__} while reading its schema: {e}") from e
     metadata = {k: v for k, v in text_metadata(schema.metadata).items() if k not in (META_INFO, META_INFO_ENCODING)}
     return schema.with_metadata({**metadata, **encode_meta_info(merged)})
 

@@ -251,8 +251,14 @@ def test_an_extension_type_deserializer_that_raises_is_a_decode_error(tmp_path):
         (tmp_path / "stream.arrow").write_bytes(sink.getvalue().to_pybytes())
         with pa.ipc.new_file(str(tmp_path / "file.arrow"), table.schema) as writer:
             writer.write_table(table)
+        (tmp_path / "partial.arrow").write_bytes((tmp_path / "file.arrow").read_bytes()[:-20])
         for name in ("stream.arrow", "file.arrow"):
             with pytest.raises(adp.DecodeError, match="KeyError"):
                 adp.files.read_file(tmp_path / name)
+            with pytest.raises(adp.DecodeError, match="KeyError"):  # the way back reads the original schema
+                adp.from_arrow(pa.table({"y": [1]}), schema=str(tmp_path / name))
+        for name in ("file.arrow", "partial.arrow"):
+            with pytest.raises(adp.DecodeError, match="KeyError"):
+                adp.files.recover_file(tmp_path / name, tmp_path / f"{name}.recovered")
     finally:
         pa.unregister_extension_type("adp-test.fragile")

@@ -110,6 +110,10 @@ def recover_file(
         check_schema(stream.schema)
     except (pa.ArrowException, OSError, ValueError) as e:
         raise DecodeError(f"{source}: no complete schema at the start of the file: {e}") from e
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- a registered extension type's deserializer reads the schema: anything
+        raise DecodeError(f"{source}: {type(e).__name__} while reading its schema: {e}") from e
 
     def complete_batches() -> Iterator[tuple[pa.RecordBatch, dict[str, str]]]:
         fallback = stream.schema.metadata
