@@ -43,6 +43,7 @@ from ._format import (
     repeated,
     schema_metadata,
 )
+from ._ipc import extension_errors
 from ._tensors import decode_tensor, encode_tensor
 from ._validate import validate_arrow
 from .errors import ColumnNotFoundError, DecodeError, EncodeError, column_error
@@ -445,19 +446,16 @@ def read_stream(buffer: Any, max_decoded_bytes: _limits.MaxDecoded = "auto") -> 
     except (BufferError, TypeError, ValueError) as e:  # a non-contiguous memoryview, not bytes-like
         raise DecodeError(f"not a readable Arrow IPC stream: {type(e).__name__}: {e}") from e
     allowed = _limits.limit(max_decoded_bytes, source.size)
-    try:
-        if allowed is not None:
-            _limits.check(_limits.stream_decoded_bytes(source), allowed, "the IPC stream")
-        reader = pa.ipc.open_stream(source)
-        batches = list(reader)
-    except (pa.ArrowException, OSError, TypeError, ValueError, EOFError) as e:  # OSError: corrupt messages
-        if isinstance(e, DecodeError):
-            raise
-        raise DecodeError(f"not a readable Arrow IPC stream: {e}") from e
-    except MemoryError:
-        raise
-    except Exception as e:  # noqa: BLE001 -- a registered extension type's deserializer runs on these bytes: anything
-        raise DecodeError(f"not a readable Arrow IPC stream: {type(e).__name__} while reading it: {e}") from e
+    with extension_errors("not a readable Arrow IPC stream"):
+        try:
+            if allowed is not None:
+                _limits.check(_limits.stream_decoded_bytes(source), allowed, "the IPC stream")
+            reader = pa.ipc.open_stream(source)
+            batches = list(reader)
+        except (pa.ArrowException, OSError, TypeError, ValueError, EOFError) as e:  # OSError: corrupt messages
+            if isinstance(e, DecodeError):
+                raise
+            raise DecodeError(f"not a readable Arrow IPC stream: {e}") from e
     if not batches:
         raise DecodeError("the IPC stream holds no record batch")
     return batches

@@ -11,15 +11,16 @@ raises :class:`~arrow_dataproto.errors.DecodeError`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import pyarrow as pa
 
-from .errors import DecodeError
+from .errors import DataProtoError, DecodeError
 
 MAGIC = b"ARROW1"
 """What starts and ends an Arrow IPC file."""
@@ -212,6 +213,21 @@ class StreamIndex:
     compression: str | None
 
 
+@contextlib.contextmanager
+def extension_errors(where: str, keep: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+    """Around a pyarrow call that reads a schema: a registered extension type's
+    ``__arrow_ext_deserialize__`` runs on the bytes and may raise anything, which becomes a
+    :class:`DecodeError` naming ``where``. The library's own errors, ``MemoryError`` and the
+    types in ``keep`` pass through."""
+    passing: tuple[type[BaseException], ...] = (DataProtoError, MemoryError, *keep)
+    try:
+        yield
+    except passing:
+        raise
+    except Exception as e:  # noqa: BLE001 -- whatever an extension type's deserializer raises
+        raise DecodeError(f"{where}: {type(e).__name__} while reading its schema: {e}") from e
+
+
 def scan_stream(data: pa.Buffer, where: str) -> StreamIndex:
     """The :class:`StreamIndex` of an IPC stream; :class:`DecodeError` if a message is cut
     short or corrupt. The stream ends at its end-of-stream marker or at the end of the file
@@ -219,35 +235,32 @@ def scan_stream(data: pa.Buffer, where: str) -> StreamIndex:
     position = pa.BufferReader(data)
     blocks, rows, custom, codecs = [], [], [], set()
     dictionaries = False
-    try:
-        message = pa.ipc.read_message(position)
-        if message.type != "schema":
-            raise DecodeError("it does not start with a schema")
-        schema = pa.ipc.read_schema(message)
-        while position.tell() < data.size:
-            start = position.tell()
-            if data.slice(start, len(END_OF_STREAM)).to_pybytes() == END_OF_STREAM:
-                break
+    with extension_errors(where):
+        try:
             message = pa.ipc.read_message(position)
-            body = 0 if message.body is None else message.body.size
-            if message.type == "dictionary":
-                dictionaries = True
-            elif message.type == "record batch":
-                table, header = message_header(memoryview(message.metadata))
-                if header is None:
-                    raise DecodeError(f"message at byte {start} is not a record batch")
-                blocks.append((start, position.tell() - start - body, body))
-                rows.append(header.scalar(0, "<q"))
-                codecs.add(header_codec(header))
-                custom.append(table.key_values(4) or None)
-            else:
-                raise DecodeError(f"unexpected {message.type} message at byte {start}")
-    except (pa.ArrowException, OSError, ValueError, EOFError) as e:  # DecodeError is a ValueError
-        raise DecodeError(f"{where}: an Arrow IPC stream cut short or corrupt: {e}") from e
-    except MemoryError:
-        raise
-    except Exception as e:  # noqa: BLE001 -- a registered extension type's deserializer reads the schema: anything
-        raise DecodeError(f"{where}: {type(e).__name__} while reading its schema: {e}") from e
+            if message.type != "schema":
+                raise DecodeError("it does not start with a schema")
+            schema = pa.ipc.read_schema(message)
+            while position.tell() < data.size:
+                start = position.tell()
+                if data.slice(start, len(END_OF_STREAM)).to_pybytes() == END_OF_STREAM:
+                    break
+                message = pa.ipc.read_message(position)
+                body = 0 if message.body is None else message.body.size
+                if message.type == "dictionary":
+                    dictionaries = True
+                elif message.type == "record batch":
+                    table, header = message_header(memoryview(message.metadata))
+                    if header is None:
+                        raise DecodeError(f"message at byte {start} is not a record batch")
+                    blocks.append((start, position.tell() - start - body, body))
+                    rows.append(header.scalar(0, "<q"))
+                    codecs.add(header_codec(header))
+                    custom.append(table.key_values(4) or None)
+                else:
+                    raise DecodeError(f"unexpected {message.type} message at byte {start}")
+        except (pa.ArrowException, OSError, ValueError, EOFError) as e:  # DecodeError is a ValueError
+            raise DecodeError(f"{where}: an Arrow IPC stream cut short or corrupt: {e}") from e
     if any(n < 0 for n in rows):
         raise DecodeError(f"{where}: a record batch of a negative number of rows")
     compression = next(iter(codecs - {None}), None)

@@ -34,9 +34,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ._format import FORMAT, META_INFO, META_INFO_ENCODING, PORTABLE, check_schema, text_metadata
+from ._ipc import extension_errors
 from ._meta_info import decode_meta_info, encode_meta_info
 from ._portable import forms
-from .errors import ArgumentTypeError, DataProtoError, DecodeError, SchemaMismatchError, column_error
+from .errors import ArgumentTypeError, DecodeError, SchemaMismatchError, column_error
 
 class StoredFormWarning(UserWarning):
     """Columns of another tool's table look like this format's stored forms and were read
@@ -65,26 +66,23 @@ def original_schema(schema: Any, *, allow_pickle: bool = False) -> pa.Schema:
 
 
 def _file_schema(path: str, allow_pickle: bool) -> pa.Schema:
-    try:
-        source = pa.memory_map(path)
+    with extension_errors(path, keep=(OSError,)):  # OSError: no such file, as before
         try:
-            reader: Any = pa.ipc.open_file(source)
-            customs = [reader.get_batch_with_custom_metadata(i)[1] for i in range(reader.num_record_batches)]
-        except pa.ArrowInvalid:
-            reader = pa.ipc.open_stream(pa.memory_map(path))
-            customs = [batch.custom_metadata for batch in iter(reader.read_next_batch_with_custom_metadata, None)]
-        schema = reader.schema
-        if FORMAT.encode() not in (schema.metadata or {}) or len(customs) <= 1:
-            return schema
-        merged: dict = {}
-        for custom in customs:
-            merged.update(decode_meta_info(text_metadata(custom), allow_pickle=allow_pickle))
-    except (pa.ArrowException, EOFError) as e:
-        raise DecodeError(f"{path}: cannot read its schema: {e}") from e
-    except (MemoryError, DataProtoError, OSError):  # OSError: no such file
-        raise
-    except Exception as e:  # noqa: BLE001 -- a registered extension type's deserializer reads the schema: anything
-        raise DecodeError(f"{path}: {type(e).__name__} while reading its schema: {e}") from e
+            source = pa.memory_map(path)
+            try:
+                reader: Any = pa.ipc.open_file(source)
+                customs = [reader.get_batch_with_custom_metadata(i)[1] for i in range(reader.num_record_batches)]
+            except pa.ArrowInvalid:
+                reader = pa.ipc.open_stream(pa.memory_map(path))
+                customs = [batch.custom_metadata for batch in iter(reader.read_next_batch_with_custom_metadata, None)]
+            schema = reader.schema
+            if FORMAT.encode() not in (schema.metadata or {}) or len(customs) <= 1:
+                return schema
+            merged: dict = {}
+            for custom in customs:
+                merged.update(decode_meta_info(text_metadata(custom), allow_pickle=allow_pickle))
+        except (pa.ArrowException, EOFError) as e:
+            raise DecodeError(f"{path}: cannot read its schema: {e}") from e
     metadata = {k: v for k, v in text_metadata(schema.metadata).items() if k not in (META_INFO, META_INFO_ENCODING)}
     return schema.with_metadata({**metadata, **encode_meta_info(merged)})
 

@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from .. import _checksum, _limits
 from .._format import CHECKSUMS, COMPRESSION, check_field_names, check_schema, is_foreign, text_metadata
-from .._ipc import CONTINUATION, MAGIC, StreamIndex, block_header, file_blocks, header_codec, header_rows, open_regular, scan_stream
+from .._ipc import CONTINUATION, MAGIC, StreamIndex, block_header, extension_errors, file_blocks, header_codec, header_rows, open_regular, scan_stream
 from .._validate import validate_arrow
 from ..errors import DataProtoError, DecodeError
 from .base import BatchReader
@@ -157,14 +157,11 @@ class FileReader(BatchReader):
             raise DecodeError(f"{self.path}: {_INCOMPLETE}")
         options = pa.ipc.IpcReadOptions(included_fields=fields or [])
         data = pa.py_buffer(source)
-        try:
-            return pa.ipc.open_file(data, options=options), data
-        except (pa.ArrowException, OSError, ValueError) as e:
-            raise DecodeError(f"{self.path}: corrupt Arrow file footer: {e}") from e
-        except MemoryError:
-            raise
-        except Exception as e:  # noqa: BLE001 -- a registered extension type's deserializer reads the schema: anything
-            raise DecodeError(f"{self.path}: {type(e).__name__} while reading its schema: {e}") from e
+        with extension_errors(str(self.path)):
+            try:
+                return pa.ipc.open_file(data, options=options), data
+            except (pa.ArrowException, OSError, ValueError) as e:
+                raise DecodeError(f"{self.path}: corrupt Arrow file footer: {e}") from e
 
     def _check_decoded_size(self, data: pa.Buffer, indices: Sequence[int]) -> None:
         """Refuse (before decompressing) batches that decode to more than ``max_decoded_bytes``

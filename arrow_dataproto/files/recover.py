@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from .. import _limits
 from .._format import CHECKSUMS, check_schema
-from .._ipc import CONTINUATION, MAGIC, open_regular
+from .._ipc import CONTINUATION, MAGIC, extension_errors, open_regular
 from .._validate import validate_arrow
 from ..errors import DecodeError
 from .reader import describe_start, open_file
@@ -105,15 +105,12 @@ def recover_file(
     body = buffer.slice(8)
     allowed = _limits.limit(max_decoded_bytes, buffer.size)
     position = pa.BufferReader(body)
-    try:
-        stream = pa.ipc.open_stream(position)
-        check_schema(stream.schema)
-    except (pa.ArrowException, OSError, ValueError) as e:
-        raise DecodeError(f"{source}: no complete schema at the start of the file: {e}") from e
-    except MemoryError:
-        raise
-    except Exception as e:  # noqa: BLE001 -- a registered extension type's deserializer reads the schema: anything
-        raise DecodeError(f"{source}: {type(e).__name__} while reading its schema: {e}") from e
+    with extension_errors(str(source)):
+        try:
+            stream = pa.ipc.open_stream(position)
+            check_schema(stream.schema)
+        except (pa.ArrowException, OSError, ValueError) as e:
+            raise DecodeError(f"{source}: no complete schema at the start of the file: {e}") from e
 
     def complete_batches() -> Iterator[tuple[pa.RecordBatch, dict[str, str]]]:
         fallback = stream.schema.metadata
