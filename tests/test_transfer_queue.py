@@ -106,6 +106,8 @@ def test_directory_streaming_puts_later_fields_and_overwrites(directory):
     refs, where = d.locate("p", ["x", "y", "z"], [1, 4])
     assert refs == ["A", "B", "C"] and where["x"][0].tolist() == where["y"][0].tolist() == [0, 1]
     assert where["z"][0].tolist() == [2, 2] and where["z"][1].tolist() == [1, 4]
+    refs, where = d.locate("p", ["x", "y"], [])  # no rows: empty positions for every field
+    assert refs == [] and all(len(objs) == len(rows) == 0 for objs, rows in where.values())
     d.register("p", "d", ["D"], [4, 5], ["x", "y"])  # every cell of b replaced: b is freed
     assert d.held() == 3 and _where(d, "y", [4, 5]) == [("D", 0), ("D", 1)]
     d.register("p", "e", ["E"], [0], ["x"])  # one cell of a replaced: a keeps its other 7

@@ -152,7 +152,7 @@ class Directory:
         with self.lock:
             numbers: dict[str, int] = {}
             where = {}
-            last: tuple[list, Any] = ([], None)
+            last: tuple[list | None, Any] = (None, None)  # no previous field yet
             for field in fields:
                 cells = self.cells.get((partition, field), {})
                 try:
