@@ -7,18 +7,22 @@ peaks of one case are not mixed with the leftovers of another. A child prints on
 (rows of earlier runs of other cases are kept, so large sizes can run a few at a time),
 then writes the table (``scale.md``) and the plot (``scale.png``) from all rows.
 
-Two children per case, each timing its phases once, after running every phase on a small
-batch of the same kind (imports and first calls paid there); "read" = every byte of every
-tensor is read (a max):
+Three children per size, each after running every phase on a small batch of the same kind
+(imports and first calls paid there); the phases into new memory run once, the others
+``--repeats`` times (the median is shown); "read" = every byte of every tensor is read (a max):
 
 - ``ray`` (a Ray session, 4 reader actors): ``ray.put(dp)`` into a fresh store ("put, fresh
   store": its pages are touched for the first time), one actor ``ray.get`` s it (the default
   receive, copy-on-write) and reads it ("get+read", timed in the actor), then 4 actors at
   once ("4 x get+read", wall time from the calls until all four are done); the object is
-  freed and ``ray.put`` again ("put": store pages reused, the steady state);
-- ``local`` (no Ray): ``to_ipc`` twice ("fresh memory": the first, into pages new to the
+  freed and, once the store holds no object, ``ray.put`` again ("put": store pages reused,
+  the steady state);
+- ``floor``: the same for the same bytes as plain numpy arrays in a dict (each tensor, a
+  jagged one as values and offsets, read as its torch dtype; the string column as its numpy
+  object array): what Ray itself costs. The table gives each Ray phase of ours as a multiple of it;
+- ``local`` (no Ray): ``to_ipc`` ("fresh memory": the first, into pages new to the
   process; then into pages the first one freed), ``from_ipc`` + read; ``files.write_file``
-  to local disk twice (the page cache takes it; "fresh pages" the first), then
+  to local disk (the page cache takes it; "fresh pages" the first), then
   ``open_file(...).read_all()`` + read (memory-mapped, from the page cache); a file of 4
   batches (written untimed), ``read_rows`` of rows 1/8 to 7/8 (across all four batches: a
   concatenation, one copy of 3/4 of the bytes) + read.
@@ -36,7 +40,7 @@ of them: 64-bit offsets), ``strings`` (a non-tensor column of 65 KiB strings, mo
 2^31 bytes of text: ``large_string``), and ``over_store`` (a 1 GiB ``mix`` batch through
 a 512 MiB store: Ray's fallback allocation).
 
-Memory (sampled every 5 ms from ``/proc/<pid>/status`` by a thread of the driver):
+Memory (sampled every 5 ms from ``/proc/<pid>/status`` by a process of its own):
 "driver peak" = the largest growth of the driver's private (anonymous) resident memory
 during the phase, over the batch; the batch itself is resident before, so the driver's
 whole footprint is ``(1 + driver peak) x batch`` (the target of ``ray.put``: <= 1.1x).
@@ -45,7 +49,8 @@ files). "store" = growth of the driver's resident shared and file-backed pages d
 the phase: the object-store pages ``ray.put`` wrote (shared memory, or the fallback
 file), or the file pages a reader mapped.
 
-    python benchmarks/bench_scale.py                                  # the sweep to --max-size and the limit cases
+    python benchmarks/bench_scale.py                                  # the sweep to --max-size (4G)
+    python benchmarks/bench_scale.py --max-size 8G --cases all        # to 8 GiB, and the limit cases
     python benchmarks/bench_scale.py --sizes 16M,64M --paths ray,ipc  # some cases (merged into scale.json)
     python benchmarks/bench_scale.py --cases strings,wide             # limit cases only
     python benchmarks/bench_scale.py --render                         # table and plot from scale.json only
@@ -64,7 +69,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -75,14 +79,14 @@ if str(ROOT) not in sys.path:
 RESULTS = ROOT / "benchmarks" / "results"
 RESULT_PREFIX = "RESULT "
 MiB, GiB = 2**20, 2**30
-PATHS = ("ray", "local")  # one child each: the Ray phases; ipc, files and read_rows
+PATHS = ("ray", "floor", "local")  # one child each: the Ray phases; the same for a bare array; ipc, files and read_rows
 SWEEP = (16 * MiB, 64 * MiB, 256 * MiB, GiB, 2 * GiB, 4 * GiB, 8 * GiB)
 LIMIT_CASES = {  # name -> paths it runs on
-    "wide": PATHS,
-    "long": PATHS,
-    "jagged": PATHS,
-    "strings": PATHS,
-    "over_store": ("ray",),
+    "wide": ("ray", "local"),
+    "long": ("ray", "local"),
+    "jagged": ("ray", "local"),
+    "strings": ("ray", "local"),
+    "over_store": ("ray", "floor"),
 }
 OVER_STORE = (GiB, 512 * MiB)  # batch, store
 FAN_OUT = 4
@@ -172,10 +176,36 @@ def batch_bytes(dp) -> int:
     return total
 
 
-def read_all(dp) -> float:
-    """Read every byte of every tensor (a max); string columns are already Python objects."""
+def bare(dp) -> dict:
+    """The floor's batch: the same bytes as plain numpy arrays, each with the torch dtype to
+    read it as (bfloat16 travels as int16; a jagged tensor as its values and offsets), and the
+    ``non_tensor_batch`` arrays as they are (views of ``dp``'s memory, no copy)."""
     import torch
 
+    out: dict = {}
+    for name, t in dp.batch.items(include_nested=True, leaves_only=True):
+        parts = {f"{name}.values": t.values(), f"{name}.offsets": t.offsets()} if t.is_nested else {name: t}
+        for key, part in parts.items():
+            as_numpy = part.view(torch.int16) if part.dtype == torch.bfloat16 else part
+            out[key] = (as_numpy.contiguous().numpy(), str(part.dtype).removeprefix("torch."))
+    return {**out, **dp.non_tensor_batch}
+
+
+def read_all(dp) -> float:
+    """Read every byte of every tensor (a max); string columns are already Python objects.
+    The floor's batch (:func:`bare`): every array as its torch dtype, the same way."""
+    import warnings
+
+    import torch
+
+    if isinstance(dp, dict):
+        total = 0.0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch.from_numpy of Ray's read-only arrays
+            for value in dp.values():
+                if isinstance(value, tuple):
+                    total += float(torch.from_numpy(value[0]).view(getattr(torch, value[1])).max())
+        return total
     total = 0.0
     for t in dp.batch.values(include_nested=True, leaves_only=True):
         t = t.values() if t.is_nested else t
@@ -187,8 +217,10 @@ def read_all(dp) -> float:
 # ---------------------------------------------------------------- memory (child)
 
 
-def _status(pid: int) -> dict[str, int]:
-    """RssAnon, RssFile and RssShmem of a process, in bytes."""
+_SAMPLER = r"""
+import json, select, sys
+pids = [int(p) for p in sys.argv[1:]]
+def status(pid):
     out = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -196,46 +228,66 @@ def _status(pid: int) -> dict[str, int]:
                 key, value = line.split(":")
                 out[key] = int(value.split()[0]) * 1024
     return out
+base = anon = shared = None
+def sample():
+    for p in pids:
+        now, b = status(p), base[p]
+        anon[p] = max(anon[p], now["RssAnon"] - b["RssAnon"])
+        shared[p] = max(shared[p], now["RssShmem"] + now["RssFile"] - b["RssShmem"] - b["RssFile"])
+while True:
+    if select.select([sys.stdin], [], [], 0.005)[0]:
+        command = sys.stdin.readline().strip()
+        if command == "start":
+            base = {p: status(p) for p in pids}
+            anon, shared = dict.fromkeys(pids, 0), dict.fromkeys(pids, 0)
+            print("started", flush=True)
+        elif command == "stop":
+            sample()
+            print(json.dumps([anon, shared]), flush=True)
+            base = None
+        else:
+            break
+    elif base is not None:
+        sample()
+"""
 
 
 class Peaks:
     """The largest growth of each process's private and shared/file-backed resident memory
-    while the ``with`` block runs (sampled every ``interval`` s by a thread)."""
+    while the ``with`` block runs, sampled every 5 ms by a process of its own (a thread would
+    wait for the GIL, which ``pa.array`` and others hold for seconds)."""
 
-    def __init__(self, pids: list[int], interval: float = 0.005):
-        self.pids, self.interval = pids, interval
+    def __init__(self, pids: list[int]):
+        self.pids = pids
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _SAMPLER, *map(str, pids)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+
+    def _ask(self, command: str) -> str:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline()
 
     def __enter__(self):
-        self.base = {p: _status(p) for p in self.pids}
-        self.anon = {p: 0 for p in self.pids}
-        self.shared = {p: 0 for p in self.pids}
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
+        self._ask("start")
         return self
 
-    def _sample(self):
-        for p in self.pids:
-            now, base = _status(p), self.base[p]
-            self.anon[p] = max(self.anon[p], now["RssAnon"] - base["RssAnon"])
-            grown = now["RssShmem"] + now["RssFile"] - base["RssShmem"] - base["RssFile"]
-            self.shared[p] = max(self.shared[p], grown)
-
-    def _run(self):
-        while not self.done.wait(self.interval):
-            self._sample()
-
     def __exit__(self, *exc):
-        self.done.set()
-        self.thread.join()
-        self._sample()
+        anon, shared = json.loads(self._ask("stop"))
+        self.anon = {int(p): v for p, v in anon.items()}
+        self.shared = {int(p): v for p, v in shared.items()}
+
+    def close(self) -> None:
+        self._ask("quit")
+        self.proc.wait()
 
 
-def phase(name: str, fn, pids: list[int], driver: int, readers: list[int], nbytes: int, seconds=None) -> tuple:
-    """Run ``fn`` once under :class:`Peaks`; ``(result, row)``. ``seconds(result)`` gives the
+def phase(name: str, fn, peaks: Peaks, driver: int, readers: list[int], nbytes: int, seconds=None) -> tuple:
+    """Run ``fn`` once under ``peaks``; ``(result, row)``. ``seconds(result)`` gives the
     time when it is measured elsewhere (in an actor); else the wall time of ``fn``."""
     gc.collect()
-    with Peaks(pids) as peaks:
+    with peaks:
         start = time.perf_counter()
         result = fn()
         wall = time.perf_counter() - start
@@ -247,6 +299,13 @@ def phase(name: str, fn, pids: list[int], driver: int, readers: list[int], nbyte
         "store": peaks.shared[driver] / nbytes,
     }
     return result, row
+
+
+def median_row(rows: list[dict]) -> dict:
+    """One row for repeats of a phase: the median time (and every time), the largest peaks."""
+    times = sorted(r["s"] for r in rows)
+    out = {k: max(r[k] for r in rows) for k in ("driver_peak", "reader_peak", "store")}
+    return {"phase": rows[0]["phase"], "s": times[len(times) // 2], "times": times, **out}
 
 
 # ---------------------------------------------------------------- the paths (child)
@@ -273,8 +332,20 @@ def _ray_reader():
     return Reader
 
 
-def run_ray(dp, nbytes: int, store: int, warm) -> list[dict]:
-    """put (fresh store pages), get+read in one actor, 4 actors at once, put again (store pages reused)."""
+def _store_empty(timeout: float = 60.0) -> None:
+    """Wait until the object store holds no object: Ray frees an object some time after its
+    last reference is dropped (0.2-0.8 s measured at 1-4 GiB), and a put into a store still
+    holding the last one goes to Ray's fallback allocation."""
+    from ray._private.internal_api import memory_summary
+
+    deadline = time.monotonic() + timeout
+    while " 0 objects" not in memory_summary(stats_only=True) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def run_ray(dp, nbytes: int, store: int, warm, repeats: int) -> list[dict]:
+    """put (fresh store pages), get+read in one actor, 4 actors at once, put again (store
+    pages reused); each phase but the first ``repeats`` times."""
     import ray
 
     ray.init(
@@ -285,6 +356,7 @@ def run_ray(dp, nbytes: int, store: int, warm) -> list[dict]:
         log_to_driver=False,
         runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", str(ROOT))}},
     )
+    peaks = None
     try:
         actors = [_ray_reader().remote() for _ in range(FAN_OUT)]
         readers = ray.get([a.pid.remote() for a in actors])
@@ -292,39 +364,51 @@ def run_ray(dp, nbytes: int, store: int, warm) -> list[dict]:
         ray.get([a.get_read.remote([small]) for a in actors])
         del small
         me = os.getpid()
-        pids = [me, *readers]
+        peaks = Peaks([me, *readers])
 
         def settle():
             gc.collect()
             ray.get([a.collect.remote() for a in actors])
-            time.sleep(0.5)  # the store processes the release of the last object
 
         settle()
-        ref, put = phase("put, fresh store", lambda: ray.put(dp), pids, me, readers, nbytes)
-        settle()
-        _, get = phase(
-            "get+read", lambda: ray.get(actors[0].get_read.remote([ref])), pids, me, readers[:1], nbytes,
-            seconds=lambda s: s,
-        )
-        settle()
-        _, fan = phase(
-            f"{FAN_OUT} x get+read", lambda: ray.get([a.get_read.remote([ref]) for a in actors]), pids, me, readers, nbytes
-        )
+        _store_empty()
+        ref, put = phase("put, fresh store", lambda: ray.put(dp), peaks, me, readers, nbytes)
+        gets, fans = [], []
+        for _ in range(repeats):
+            settle()
+            gets.append(phase(
+                "get+read", lambda: ray.get(actors[0].get_read.remote([ref])), peaks, me, readers[:1], nbytes,
+                seconds=lambda s: s,
+            )[1])
+        for _ in range(repeats):
+            settle()
+            fans.append(phase(
+                f"{FAN_OUT} x get+read", lambda: ray.get([a.get_read.remote([ref]) for a in actors]), peaks, me, readers,
+                nbytes,
+            )[1])
         del ref
-        settle()
-        ref, again = phase("put", lambda: ray.put(dp), pids, me, readers, nbytes)
-        del ref
-        return [put, again, get, fan]
+        again = []
+        for _ in range(repeats):
+            settle()
+            _store_empty()
+            ref, row = phase("put", lambda: ray.put(dp), peaks, me, readers, nbytes)
+            again.append(row)
+            del ref
+        return [put, median_row(again), median_row(gets), median_row(fans)]
     finally:
+        if peaks is not None:
+            peaks.close()
         ray.shutdown()
 
 
-def run_local(dp, nbytes: int, folder: Path, warm) -> list[dict]:
-    """to_ipc, from_ipc + read; write_file, open_file + read_all + read; read_rows across 4 batches."""
+def run_local(dp, nbytes: int, folder: Path, warm, repeats: int) -> list[dict]:
+    """to_ipc, from_ipc + read; write_file, open_file + read_all + read; read_rows across 4
+    batches; each phase but the first of each kind ``repeats`` times (on the warm-up batch once)."""
     import arrow_dataproto as adp
     from arrow_dataproto import files
 
     me = os.getpid()
+    peaks = Peaks([me])
     single, chunked = folder / "batch.arrow", folder / "batches.arrow"
 
     def read_file(path):
@@ -335,31 +419,46 @@ def run_local(dp, nbytes: int, folder: Path, warm) -> list[dict]:
         with files.open_file(path) as reader:
             return read_all(reader.read_rows(start, stop))
 
-    for data in (warm, dp):
-        last = data is dp
+    def timed(name, fn, times, after=lambda result: None):
         rows_ = []
-        buf, row = phase("to_ipc, fresh memory", lambda: adp.to_ipc(data), [me], me, [me], nbytes)
-        rows_.append(row)
-        del buf
-        buf, row = phase("to_ipc", lambda: adp.to_ipc(data), [me], me, [me], nbytes)
-        rows_.append(row)
-        rows_.append(phase("from_ipc+read", lambda: read_all(adp.from_ipc(buf)), [me], me, [me], nbytes)[1])
-        del buf
-        rows_.append(phase("write_file, fresh pages", lambda: files.write_file(single, data), [me], me, [me], nbytes)[1])
-        single.unlink()
-        rows_.append(phase("write_file", lambda: files.write_file(single, data), [me], me, [me], nbytes)[1])
-        rows_.append(phase("open_file+read", lambda: read_file(single), [me], me, [me], nbytes)[1])
-        single.unlink()
-        files.write_file(chunked, data.array_split(4))
-        n = len(data)
-        start, stop = n // 8, n - n // 8
-        _, row = phase("read_rows 1/8..7/8", lambda: read_rows(chunked, start, stop), [me], me, [me], nbytes)
-        row["s"] *= n / (stop - start)  # per GiB of the rows read, as if the whole batch
-        rows_.append(row)
-        chunked.unlink()
-        if last:
-            return rows_
-    raise AssertionError("unreachable")
+        for _ in range(times):
+            result, row = phase(name, fn, peaks, me, [me], nbytes)
+            rows_.append(row)
+            after(result)
+            del result
+        return median_row(rows_)
+
+    try:
+        for data in (warm, dp):
+            n = 1 if data is warm else repeats
+            buf, fresh = phase("to_ipc, fresh memory", lambda: adp.to_ipc(data), peaks, me, [me], nbytes)
+            del buf
+            rows_ = [fresh, timed("to_ipc", lambda: adp.to_ipc(data), n)]
+            buf = adp.to_ipc(data)
+            rows_.append(timed("from_ipc+read", lambda: read_all(adp.from_ipc(buf)), n))
+            del buf
+            rows_.append(phase("write_file, fresh pages", lambda: files.write_file(single, data), peaks, me, [me], nbytes)[1])
+            single.unlink()
+            rows_.append(timed("write_file", lambda: files.write_file(single, data), n, after=lambda _: single.unlink()))
+            files.write_file(single, data)
+            rows_.append(timed("open_file+read", lambda: read_file(single), n))
+            single.unlink()
+            files.write_file(chunked, data.array_split(4))
+            rows = len(data)
+            start, stop = rows // 8, rows - rows // 8
+            row = timed("read_rows 1/8..7/8", lambda: read_rows(chunked, start, stop), n)
+            row["s"] *= rows / (stop - start)  # per GiB of the rows read, as if the whole batch
+            row["times"] = [t * rows / (stop - start) for t in row["times"]]
+            rows_.append(row)
+            chunked.unlink()
+        return rows_
+    finally:
+        peaks.close()
+
+
+def run_floor(dp, nbytes: int, store: int, warm, repeats: int) -> list[dict]:
+    """The Ray phases for the same bytes as plain numpy arrays (:func:`bare`): what Ray itself costs."""
+    return run_ray(bare(dp), nbytes, store, bare(warm), repeats)
 
 
 def store_size(nbytes: int, case: str) -> int:
@@ -369,7 +468,7 @@ def store_size(nbytes: int, case: str) -> int:
 
 
 def child(spec: dict) -> dict:
-    case, path, size = spec["batch"], spec["path"], spec["size"]
+    case, path, size, repeats = spec["batch"], spec["path"], spec["size"], spec.get("repeats", 1)
     dp = mix_batch(size) if case == "mix" else limit_batch(case)
     warm = mix_batch(MiB) if case in ("mix", "over_store") else limit_batch(case, small=True)
     nbytes = batch_bytes(dp)
@@ -378,9 +477,12 @@ def child(spec: dict) -> dict:
     try:
         if path == "ray":
             row["store_bytes"] = store = store_size(nbytes, case)
-            row["phases"] = run_ray(dp, nbytes, store, warm)
+            row["phases"] = run_ray(dp, nbytes, store, warm, repeats)
+        elif path == "floor":
+            row["store_bytes"] = store = store_size(nbytes, case)
+            row["phases"] = run_floor(dp, nbytes, store, warm, repeats)
         elif path == "local":
-            row["phases"] = run_local(dp, nbytes, folder, warm)
+            row["phases"] = run_local(dp, nbytes, folder, warm, repeats)
         else:
             raise ValueError(f"unknown path {path!r}")
     finally:
@@ -448,19 +550,34 @@ def merge(old: list[dict], new: list[dict]) -> list[dict]:
     return sorted(rows.values(), key=lambda r: (r["batch"] != "mix", r["batch"], PATHS.index(r["path"]), r["size"]))
 
 
+def per_gib(rows: list[dict], path: str) -> dict[str, dict[int, float]]:
+    """phase -> {size: seconds per GiB} over the mix sweep's rows of ``path``."""
+    out: dict[str, dict[int, float]] = {}
+    for r in rows:
+        if r["batch"] == "mix" and r["path"] == path and "error" not in r:
+            for p in r["phases"]:
+                out.setdefault(p["phase"], {})[r["size"]] = p["s"] / (r["bytes"] / GiB)
+    return out
+
+
 def flatness(rows: list[dict]) -> dict[tuple[str, str], tuple[float, int, int]]:
     """(path, phase) -> (max/min of s per GiB over the mix sizes >= FLAT_FROM, smallest size, largest size)."""
-    per: dict[tuple[str, str], list[tuple[int, float]]] = {}
-    for r in rows:
-        if r["batch"] != "mix" or "error" in r or r["size"] < FLAT_FROM:
-            continue
-        for p in r["phases"]:
-            per.setdefault((r["path"], p["phase"]), []).append((r["size"], p["s"] / (r["bytes"] / GiB)))
     out = {}
-    for k, points in per.items():
-        costs = [c for _, c in points]
-        out[k] = (max(costs) / min(costs), min(s for s, _ in points), max(s for s, _ in points))
+    for path in PATHS:
+        for ph, costs in per_gib(rows, path).items():
+            points = {size: c for size, c in costs.items() if size >= FLAT_FROM}
+            if points:
+                out[path, ph] = (max(points.values()) / min(points.values()), min(points), max(points))
     return out
+
+
+def over_floor(rows: list[dict]) -> dict[str, dict[int, float]]:
+    """Ray phase -> {size: our seconds / the floor's (a bare array of the same bytes)}."""
+    ours, floor = per_gib(rows, "ray"), per_gib(rows, "floor")
+    return {
+        ph: {size: c / floor[ph][size] for size, c in costs.items() if size in floor.get(ph, {})}
+        for ph, costs in ours.items()
+    }
 
 
 def table(rows: list[dict], command: str, note: str) -> str:
@@ -474,8 +591,10 @@ def table(rows: list[dict], command: str, note: str) -> str:
         f"Machine: {os.cpu_count()} cores, {round(os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / GiB)} GiB RAM "
         f"(shared with other engineers' runs: the load average when each case ended is in the table), "
         f"Python {platform.python_version()}. One child process per case, each with its own Ray session "
-        "(object store sized for the case: 1.15x the batch + 128 MiB, at least 256 MiB); each phase "
-        "timed once (one child per size), after a warm-up on a 1 MiB batch.",
+        "(object store sized for the case: 1.15x the batch + 128 MiB, at least 256 MiB), after a warm-up "
+        "on a 1 MiB batch. The phases into new memory (fresh) run once; the others run as many times as "
+        "`runs` says, the median shown (each put into an emptied store). `floor`: the Ray phases for the "
+        "same bytes as plain numpy arrays (read as the same torch dtypes).",
         "",
         note,
         "",
@@ -486,23 +605,30 @@ def table(rows: list[dict], command: str, note: str) -> str:
         "- store: growth of the driver's shared + file-backed resident pages (the object-store pages "
         "`ray.put` wrote, or the file pages mapped), × the batch.",
         "",
-        "| batch | path | size | bytes | phase | s | s/GiB | driver peak | reader peak | store | load |",
-        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| batch | path | size | bytes | phase | runs | s | s/GiB | driver peak | reader peak | store | load |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['batch']} | {r['path']} | {show_size(r['size'])} | | **failed** | {r['error']} | | | | | |")
+            lines.append(f"| {r['batch']} | {r['path']} | {show_size(r['size'])} | | **failed** | | {r['error']} | | | | | |")
             continue
         for p in r["phases"]:
             lines.append(
                 f"| {r['batch']} | {r['path']} | {show_size(r['size'])} | {r['bytes'] / GiB:.3f} GiB | {p['phase']} "
-                f"| {p['s']:.3f} | {p['s'] / (r['bytes'] / GiB):.3f} | {p['driver_peak']:.2f} | {p['reader_peak']:.2f} "
+                f"| {len(p.get('times', [p['s']]))} | {p['s']:.3f} | {p['s'] / (r['bytes'] / GiB):.3f} | {p['driver_peak']:.2f} | {p['reader_peak']:.2f} "
                 f"| {p['store']:.2f} | {r['load']:.1f} |"
             )
     lines += ["", "### Targets", "", f"Per-GiB cost, max / min over the mix sizes from {show_size(FLAT_FROM)} up (target <= 1.3):", ""]
     lines += ["| path | phase | sizes | max/min s per GiB |", "|---|---|---|---:|"]
     for (path, ph), (spread, lo, hi) in flatness(rows).items():
         lines.append(f"| {path} | {ph} | {show_size(lo)} - {show_size(hi)} | {spread:.2f} |")
+    ratios = over_floor(rows)
+    sizes = sorted({size for costs in ratios.values() for size in costs})
+    if sizes:
+        lines += ["", "Ray phases, x the floor (the same phase for the same bytes as plain numpy arrays):", ""]
+        lines += ["| phase | " + " | ".join(show_size(z) for z in sizes) + " |", "|---|" + "---:|" * len(sizes)]
+        for ph, costs in ratios.items():
+            lines.append(f"| {ph} | " + " | ".join(f"{costs[z]:.2f}" if z in costs else "" for z in sizes) + " |")
     for which, keep in (("mix batches from 64 MiB", lambda r: r["batch"] == "mix" and r["size"] >= FLAT_FROM), ("any batch", lambda r: True)):
         puts = [(p["driver_peak"], r["batch"]) for r in rows if "error" not in r and keep(r) for p in r["phases"] if p["phase"].startswith("put")]
         if puts:
@@ -556,13 +682,17 @@ def plan(args) -> list[dict]:
     if args.cases is None or args.sizes or args.cases == "all":
         paths = args.paths.split(",") if args.paths else list(PATHS)
         sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else [s for s in SWEEP if s <= args.max_size]
-        specs += [{"batch": "mix", "path": p, "size": s} for s in sizes for p in paths]
+        specs += [{"batch": "mix", "path": p, "size": s, "repeats": args.repeats} for s in sizes for p in paths]
     if args.cases:
         names = list(LIMIT_CASES) if args.cases in ("all", "limits") else args.cases.split(",")
         wanted = set(args.paths.split(",")) if args.paths else None
         for name in names:
             size = OVER_STORE[0] if name == "over_store" else 2 * GiB
-            specs += [{"batch": name, "path": p, "size": size} for p in LIMIT_CASES[name] if wanted is None or p in wanted]
+            specs += [
+                {"batch": name, "path": p, "size": size, "repeats": args.repeats}
+                for p in LIMIT_CASES[name]
+                if wanted is None or p in wanted
+            ]
     return specs
 
 
@@ -574,6 +704,7 @@ def main() -> None:
     parser.add_argument(
         "--cases", help=f"limit cases: all (with the sweep), limits (without), or some of {','.join(LIMIT_CASES)} (without)"
     )
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each phase but the fresh ones; the median is shown")
     parser.add_argument("--render", action="store_true", help="only write the table and plot from scale.json")
     parser.add_argument("--quick", action="store_true", help="16 and 64 MiB, every path, print only")
     parser.add_argument("--note", default="", help="a line for the report (the machine's load, where the sweep stops)")
