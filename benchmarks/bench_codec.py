@@ -6,7 +6,7 @@ is what Ray does), and *decode* is what the receiver does to hold tensors again
 (``pickle.loads`` plus the rival's decode). Out-of-band buffers are handed over
 as they are, as Ray hands them over, so no transport cost is included here.
 
-    python benchmarks/bench_codec.py            # seed batch (1 GiB) and PPO batch
+    python benchmarks/bench_codec.py            # seed batch (1 GiB), PPO batch, two small PPO batches
     python benchmarks/bench_codec.py --quick    # small sizes, a smoke run
 
 Prints a table with ratios against our zero-copy path; a full run also writes
@@ -19,8 +19,8 @@ import gc
 import pickle
 
 from batches import nbytes, ppo_batch, seed_batch
-from harness import OursIpc, OursPickled, arguments, command, interleaved, pair, ratio, save
-from rivals import all_rivals
+from harness import OursIpc, OursPickled, VerlInstalled, arguments, command, interleaved, pair, ratio, save
+from rivals import all_rivals, verl_unavailable_reason
 
 import arrow_dataproto as adp
 
@@ -48,6 +48,8 @@ def _tasks(path, td, non_tensor, meta) -> dict:
 def run(cases, repeats: int) -> list[tuple]:
     """Rows ``(batch, path, encode Timing, decode Timing)``; the paths take turns in every round."""
     paths = [OursPickled(copy=False), OursPickled(copy=True), OursIpc(), *all_rivals()]
+    if verl_unavailable_reason() is None:  # verl's own class under install(): small ones skip Arrow
+        paths += [VerlInstalled(compact=True), VerlInstalled(compact=False)]
     rows = []
     for case_name, build in cases:
         td, non_tensor, meta = build()
@@ -97,6 +99,8 @@ def main() -> None:
         cases = [
             ("seed 6400x20480 int64 (1 GiB)", lambda: (seed_batch(), {}, {})),
             ("PPO 2560x(1024+1024)", lambda: ppo_batch()),
+            ("PPO 16x(256+256), small", lambda: ppo_batch(16, 256, 256)),
+            ("PPO 256x(256+256), small", lambda: ppo_batch(256, 256, 256)),
         ]
         repeats = args.repeats
     rows = run(cases, repeats)

@@ -115,6 +115,46 @@ class OursPickled:
         return payload  # already rebuilt by pickle.loads under receive_options(copy=self.copy)
 
 
+class _ArrowOnly:
+    """A verl DataProto that pickles under ``install()`` through Arrow whatever its size (the
+    compact form's size limit is set below zero while its reduction is made)."""
+
+    def __init__(self, dataproto):
+        self.dataproto = dataproto
+
+    def __reduce_ex__(self, protocol):
+        from arrow_dataproto import _compact
+
+        limit = _compact.LIMIT
+        _compact.LIMIT = -1  # type: ignore[misc]
+        try:
+            return self.dataproto.__reduce_ex__(protocol)
+        finally:
+            _compact.LIMIT = limit  # type: ignore[misc]
+
+
+class VerlInstalled:
+    """verl's own DataProto pickled by ``arrow_dataproto.integrations.verl.install()``: a small
+    one (at most ``_compact.LIMIT`` bytes of plain tensors) as its tensors' bytes, a larger one
+    through Arrow; ``compact=False``: through Arrow at every size. Needs verl; installs on creation."""
+
+    def __init__(self, compact: bool):
+        from arrow_dataproto.integrations import verl
+
+        verl.install()
+        self.compact = compact
+        self.name = "verl + install()" + ("" if compact else ", Arrow only")
+
+    def encode(self, td, non_tensor, meta):
+        from verl.protocol import DataProto
+
+        dataproto = DataProto(batch=td, non_tensor_batch=non_tensor, meta_info=meta)
+        return dataproto if self.compact else _ArrowOnly(dataproto)
+
+    def decode(self, payload):
+        return payload.batch, payload.non_tensor_batch, payload.meta_info
+
+
 class OursIpc:
     """arrow_dataproto as one Arrow IPC stream: ``to_ipc`` (one copy) and ``from_ipc`` (zero-copy views)."""
 

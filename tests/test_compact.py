@@ -315,3 +315,24 @@ def test_verl_small_batches_pickle_compact_and_load_from_disk(tmp_path):
         assert_dataproto_equal(adp.DataProto.load_from_disk(path, allow_pickle=True), original)
     finally:
         adp_verl.uninstall(cls)
+
+
+@pytest.mark.verl
+@pytest.mark.parametrize("compact", [True, False], ids=["compact", "arrow-only"])
+def test_the_codec_benchmarks_verl_paths_pickle_as_they_say(compact):
+    """``benchmarks/bench_codec.py`` times verl's class under install() both ways: check that
+    each way is the one it names, and exact."""
+    module = pytest.importorskip("verl.protocol", reason="verl is not installed (pip install --no-deps verl)")
+    from benchmarks.harness import VerlInstalled  # the repository root is on pythonpath
+    from arrow_dataproto.testing.samples import ppo_batch
+
+    path = VerlInstalled(compact=compact)  # installs on verl's class
+    try:
+        td, non_tensor, meta = ppo_batch(rows=8, prompt=4, response=4)
+        payload = path.encode(td, non_tensor, meta)
+        assert payload.__reduce_ex__(5)[0] is (adp_verl.rebuild_compact if compact else adp_verl.rebuild)
+        restored = pickle.loads(pickle.dumps(payload, protocol=5))
+        assert type(restored) is module.DataProto
+        assert_dataproto_equal(adp.DataProto(*path.decode(restored)), adp.DataProto(td, non_tensor, meta))
+    finally:
+        adp_verl.uninstall(module.DataProto)
