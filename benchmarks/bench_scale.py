@@ -302,10 +302,10 @@ def phase(name: str, fn, peaks: Peaks, driver: int, readers: list[int], nbytes: 
 
 
 def median_row(rows: list[dict]) -> dict:
-    """One row for repeats of a phase: the median time (and every time), the largest peaks."""
-    times = sorted(r["s"] for r in rows)
+    """One row for repeats of a phase: the median time (and every time, in order), the largest peaks."""
+    times = [r["s"] for r in rows]
     out = {k: max(r[k] for r in rows) for k in ("driver_peak", "reader_peak", "store")}
-    return {"phase": rows[0]["phase"], "s": times[len(times) // 2], "times": times, **out}
+    return {"phase": rows[0]["phase"], "s": sorted(times)[len(times) // 2], "times": times, **out}
 
 
 # ---------------------------------------------------------------- the paths (child)
@@ -530,7 +530,8 @@ def summary(row: dict) -> str:
     if "error" in row:
         return f"{head}  FAILED {row['error']}"
     cells = [
-        f"{p['phase']} {p['s'] / (row['bytes'] / GiB):.3f} s/GiB drv {p['driver_peak']:.2f} rdr {p['reader_peak']:.2f}"
+        f"{p['phase']} {p['s'] / (row['bytes'] / GiB):.3f} s/GiB {[round(t, 3) for t in p.get('times', [])]} "
+        f"drv {p['driver_peak']:.2f} rdr {p['reader_peak']:.2f}"
         for p in row["phases"]
     ]
     return f"{head}  " + "; ".join(cells) + f"  (child {row['child_s']} s, load {row['load']:.1f})"
