@@ -7,6 +7,8 @@ is what Ray does), and *decode* is what the receiver does to hold tensors again
 as they are, as Ray hands them over, so no transport cost is included here.
 
     python benchmarks/bench_codec.py            # seed batch (1 GiB), PPO batch, two small PPO batches
+    python benchmarks/bench_codec.py --small    # the two small PPO batches only (with verl installed:
+                                                # where verl's class under install() skips Arrow)
     python benchmarks/bench_codec.py --quick    # small sizes, a smoke run
 
 Prints a table with ratios against our zero-copy path; a full run also writes
@@ -88,7 +90,14 @@ def table(rows, command_line: str) -> str:
 
 
 def main() -> None:
-    args = arguments(__doc__, "codec.md", repeats=5, quick="small batches")
+    args = arguments(
+        __doc__, "codec.md", repeats=5, quick="small batches",
+        more=lambda p: p.add_argument("--small", action="store_true", help="only the two small PPO batches"),
+    )
+    small = [
+        ("PPO 16x(256+256), small", lambda: ppo_batch(16, 256, 256)),
+        ("PPO 256x(256+256), small", lambda: ppo_batch(256, 256, 256)),
+    ]
     if args.quick:
         cases = [
             ("seed 64x20480 int64", lambda: (seed_batch(64, 20480), {}, {})),
@@ -99,9 +108,10 @@ def main() -> None:
         cases = [
             ("seed 6400x20480 int64 (1 GiB)", lambda: (seed_batch(), {}, {})),
             ("PPO 2560x(1024+1024)", lambda: ppo_batch()),
-            ("PPO 16x(256+256), small", lambda: ppo_batch(16, 256, 256)),
-            ("PPO 256x(256+256), small", lambda: ppo_batch(256, 256, 256)),
+            *small,
         ]
+        if args.small:
+            cases = small
         repeats = args.repeats
     rows = run(cases, repeats)
     save(table(rows, command("bench_codec.py")), args.out)
