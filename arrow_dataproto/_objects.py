@@ -437,7 +437,7 @@ class Object:
         if plain is not None:  # exact str or bytes: they come back as they are
             try:
                 return _plain_array(rows, plain)
-            except Exception:  # a lone surrogate is not text: any failure -> pickle
+            except Exception:  # a lone surrogate is not text: another kind (JSON, pickle) keeps the rows
                 return None
         arrow_type = _native_type(rows)
         if arrow_type is None and not _may_be_native(rows):
