@@ -74,10 +74,12 @@ _PLAIN_LEAVES = {
     pa.null(), pa.bool_(), pa.int64(), pa.float64(),
     pa.string(), pa.large_string(), pa.binary(), pa.large_binary(),
 }
-_STRING_VALUE_TYPES = {
-    "U": (pa.string(), pa.large_string()),
-    "S": (pa.binary(), pa.large_binary()),
+_PLAIN_TYPES: dict[type, tuple[pa.DataType, pa.DataType]] = {
+    str: (pa.string(), pa.large_string()), bytes: (pa.binary(), pa.large_binary())
 }
+"""The Arrow types that give exact ``str`` and ``bytes`` rows back exactly, by offset width."""
+_STRING_ROWS: dict[str, type] = {"U": str, "S": bytes}
+"""What a numpy ``U`` / ``S`` array's rows are in Python (``tolist()``), which picks their Arrow types."""
 
 
 # --- helpers shared by the kinds --------------------------------------------------------
@@ -292,7 +294,7 @@ class String:
         # Via Python objects: pa.array(<numpy U/S array>) cuts values at the first NUL.
         if values.dtype.kind == "U" and (code := beyond_unicode(values)) is not None:
             raise column_error(EncodeError, name, f"a value holds {code:#x}, beyond Unicode (U+10FFFF): not text")
-        flat = _plain_array(values.reshape(-1).tolist(), str if values.dtype.kind == "U" else bytes)
+        flat = _plain_array(values.reshape(-1).tolist(), _STRING_ROWS[values.dtype.kind])
         return _wrap(flat, _shaped(flat.type, values.shape[1:]), len(values))
 
     @staticmethod
@@ -301,7 +303,7 @@ class String:
             array.type.value_type if isinstance(array.type, pa.FixedShapeTensorType) else array.type
         )
         _check(
-            value_type in _STRING_VALUE_TYPES[dtype.kind],
+            value_type in _PLAIN_TYPES[_STRING_ROWS[dtype.kind]],
             f"expected string or binary values for dtype {dtype}, got {value_type}",
         )
         _check_type(array, _shaped(value_type, row_shape))
@@ -310,12 +312,6 @@ class String:
         _check_string_width(flat, dtype)
         values = flat.to_numpy(zero_copy_only=False).astype(dtype)
         return values.reshape(len(array), *row_shape)
-
-
-_PLAIN_TYPES: dict[type, tuple[pa.DataType, pa.DataType]] = {
-    str: (pa.string(), pa.large_string()), bytes: (pa.binary(), pa.large_binary())
-}
-"""The Arrow types that give exact ``str`` and ``bytes`` rows back exactly, by offset width."""
 
 
 def _plain_kind(rows: list) -> type | None:
