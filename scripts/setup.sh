@@ -24,9 +24,7 @@ stamp="$venv/.installed-$extras-$pins"
 if [ -e "$stamp" ] || { [ "$extras" = demo ] && [ -e "$venv/.installed-test-$pins" ]; }; then
     exit 0
 fi
-# --no-compile: Python compiles a module when it is first imported; precompiling every file of
-# torch, ray and the rest took a third of the install time.
-pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile)
+pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
 "${pip[@]}" --upgrade pip
 "${pip[@]}" -c "$constraints" -e ".[$extras]"
 if [ "$profile" = compat ]; then
