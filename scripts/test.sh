@@ -22,10 +22,9 @@ PYTHONPATH=.:tests .venv/bin/lint-imports
 # Types (pyproject.toml [tool.mypy]), in this venv only: tensordict 0.10 of .venv-compat ships no
 # type information, so there every tensordict type is Any and mypy would check strictly less.
 .venv/bin/mypy
-# Compile this tree's modules once: where PYTHONDONTWRITEBYTECODE is set (as on our CI machines),
-# every Ray worker and child interpreter of the suite would otherwise compile them again.
-.venv/bin/python -m compileall -q arrow_dataproto tests benchmarks
-.venv/bin/python -m pytest "$@"
+# Two workers (pytest-xdist); tests/conftest.py keeps each module on one worker and the
+# big-memory modules on the same one.
+.venv/bin/python -m pytest -n 2 --dist loadgroup "$@"
 if [ -n "$compat_setup" ]; then
     if ! wait "$compat_setup"; then
         cat "$compat_log" >&2

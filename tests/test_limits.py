@@ -114,7 +114,7 @@ def _file(kind: str, tmp: Path) -> dict:
 def _ray(kind: str, tmp: Path) -> dict:
     import ray
 
-    ray.init(num_cpus=1, object_store_memory=int(3.5 * GiB), include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=1, object_store_memory=int(3.5 * GiB), include_dashboard=False, log_to_driver=False)
     try:
         # The task decodes zero-copy (a copy would add 2 GiB to the worker) and checks every value.
         @ray.remote(runtime_env={"env_vars": {"ARROW_DATAPROTO_COPY": "0"}})

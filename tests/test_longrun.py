@@ -107,7 +107,7 @@ def drained_store(expected: tuple[int, int], wait_s: float = 60) -> tuple[int, i
 def test_round_trips_leave_no_leak(ray_session):
     dp = ppo()
     actor = Echo.remote()
-    store_before = store_usage()
+    store_before = drained_store((0, 0), wait_s=30)  # earlier tests' objects, which Ray frees asynchronously, gone first
     figures = {}
     for i in range(ROUND_TRIPS + 1):
         assert_dataproto_equal(ray.get(actor.echo.remote(dp)), dp)
