@@ -3,9 +3,9 @@
 #   1. .venv (newest pinned tensordict): every test; extra arguments go to this pytest run;
 #   2. .venv-compat (tensordict 0.10 + verl 0.9.1, a verl user's environment): the codec,
 #      container, pickling and verl-integration tests. Skip it with ADP_SKIP_COMPAT=1.
-# .venv-compat is set up in the background while the checks and the first pytest run: its
-# installs mostly wait on downloads and the disk. (Not beside .venv's own setup: both install
-# this project in editable mode, which writes arrow_dataproto.egg-info here.)
+# .venv-compat is set up in the background, so that its installs overlap the checks and the first
+# pytest run. (Not beside .venv's own setup: both install this project in editable mode, which
+# writes arrow_dataproto.egg-info here.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh main
