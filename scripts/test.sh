@@ -14,8 +14,9 @@ if [ "${ADP_SKIP_COMPAT:-0}" != 1 ]; then
     compat_log="$(mktemp)"
     bash scripts/setup.sh compat >"$compat_log" 2>&1 &
     compat_setup=$!
-    # If a step below fails, stop the setup too (its pip is its child).
-    trap 'pkill -P "$compat_setup" 2>/dev/null; kill "$compat_setup" 2>/dev/null; true' EXIT
+    # If a step below fails, stop the setup too (its pip is its child) and remove its log.
+    # (Each command guarded: under set -e a failing one would end the trap early.)
+    trap 'pkill -P "$compat_setup" 2>/dev/null || true; kill "$compat_setup" 2>/dev/null || true; rm -f "$compat_log"' EXIT
 fi
 # Import rules (pyproject.toml [tool.importlinter]): layers without cycles, no private names across modules.
 PYTHONPATH=.:tests .venv/bin/lint-imports
