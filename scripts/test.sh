@@ -23,9 +23,9 @@ PYTHONPATH=.:tests .venv/bin/lint-imports
 # Types (pyproject.toml [tool.mypy]), in this venv only: tensordict 0.10 of .venv-compat ships no
 # type information, so there every tensordict type is Any and mypy would check strictly less.
 .venv/bin/mypy
-# Two workers (pytest-xdist); tests/conftest.py keeps each module on one worker and the
-# big-memory modules on the same one.
-.venv/bin/python -m pytest -n 2 --dist loadgroup "$@"
+# Two workers (pytest-xdist); tests/conftest.py schedules by module (each on one worker, the
+# big-memory ones together, the longest first) and fails the run if that schedule was not kept.
+.venv/bin/python -m pytest -n 2 "$@"
 if [ -n "$compat_setup" ]; then
     if ! wait "$compat_setup"; then
         cat "$compat_log" >&2

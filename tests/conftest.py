@@ -6,19 +6,69 @@ import pytest
 # cluster it finds on this machine (another test's, when the suite runs on two workers).
 os.environ.setdefault("RAY_ADDRESS", "local")
 
-# The modules whose tests (or their children) hold gigabytes: one group, so that under
-# ``pytest -n 2 --dist loadgroup`` (scripts/test.sh) they run one after another on one worker.
+# The modules whose tests (or their children) hold gigabytes: under ``pytest -n 2``
+# (scripts/test.sh) they run one after another on one worker.
 _BIG_MEMORY = {"test_limits.py", "test_objects.py", "test_cow.py", "test_longrun.py"}
+
+# Then the longest other modules (seconds on two workers here: 152, 123, 74): the schedule
+# takes units in collection order, so none of them is left to run alone at the end.
+_LONG = ["test_hostile.py", "test_transfer_queue.py", "test_notebook.py"]
+
+_by_module = False  # whether this run schedules so (set in xdist's controller)
+_ran_on: dict[str, set[str]] = {}  # work unit -> the workers that ran its tests
+_split: list[str] = []
+
+
+def _work_unit(nodeid: str) -> str:
+    """The unit a test is scheduled in: its module, or one unit for the big-memory modules."""
+    module = nodeid.split("::", 1)[0]
+    return "big-memory" if module.rsplit("/", 1)[-1] in _BIG_MEMORY else module
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``pytest -n N`` (xdist's default ``--dist load``): each module's tests stay together,
+    in order, on one worker (module fixtures and tests that run last rely on it), and the
+    big-memory modules share one worker. (Not ``--dist loadgroup`` with marks: xdist 3.8 does not
+    see them under pytest 9.2, pytest-dev/pytest-xdist#1386.)"""
+    global _by_module
+    if config.getvalue("dist") != "load":
+        return None  # another --dist asked for: xdist's own
+    from xdist.scheduler import LoadScopeScheduling
+
+    _by_module = True
+    config.option.loadscopereorder = False  # units in collection order, big-memory first (below)
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _work_unit(nodeid)
+
+    return ByModule(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
-    """Each module's tests stay together, in order, on one worker (module fixtures and
-    tests that run last rely on it); the big-memory modules share one group."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group("big-memory" if name in _BIG_MEMORY else name))
+    """In an xdist worker (whose collection order is the schedule's): the big-memory modules
+    first (386 s), then the long ones, then the rest, each module's tests in their order."""
+    if hasattr(config, "workerinput"):
+        first = [*sorted(_BIG_MEMORY), *_LONG]
+        items.sort(key=lambda item: first.index(item.path.name) if item.path.name in first else len(first))
+
+
+def pytest_runtest_logreport(report):
+    worker = getattr(report, "worker_id", None)  # on the reports xdist's controller receives
+    if _by_module and worker is not None:
+        _ran_on.setdefault(_work_unit(report.nodeid), set()).add(worker)
+
+
+def pytest_sessionfinish(session):
+    """The run fails if a unit was split across workers: the schedule above was not in effect."""
+    _split.extend(f"{unit} ran on {', '.join(sorted(w))}" for unit, w in _ran_on.items() if len(w) > 1)
+    if _split:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in _split:
+        terminalreporter.write_line(f"tests/conftest.py: the schedule was not kept: {line}", red=True)
 
 
 @pytest.fixture(scope="session")
