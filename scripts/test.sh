@@ -34,7 +34,7 @@ if [ -n "$compat_setup" ]; then
     fi
     rm -f "$compat_log"
     trap - EXIT
-    .venv-compat/bin/python -m pytest -m "not slow" \
+    .venv-compat/bin/python -m pytest -n 2 -m "not slow" \
         tests/test_codec.py tests/test_protocol.py tests/test_pickling.py tests/test_dtypes.py \
         tests/test_objects.py tests/test_verl.py tests/test_verl_parity.py tests/test_compact.py
 fi

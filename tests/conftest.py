@@ -14,13 +14,18 @@ _BIG_MEMORY = {"test_limits.py", "test_objects.py", "test_cow.py", "test_longrun
 # takes units in collection order, so none of them is left to run alone at the end.
 _LONG = ["test_hostile.py", "test_transfer_queue.py", "test_notebook.py"]
 
+# Tests of minutes (with verl installed): each a unit of its own, scheduled before all others.
+_ALONE = {"tests/test_verl.py::test_worker_group_benchmark_at_tiny_size"}
+
 _by_module = False  # whether this run schedules so (set in xdist's controller)
 _ran_on: dict[str, set[str]] = {}  # work unit -> the workers that ran its tests
 _split: list[str] = []
 
 
 def _work_unit(nodeid: str) -> str:
-    """The unit a test is scheduled in: its module, or one unit for the big-memory modules."""
+    """The unit a test is scheduled in: its module, one unit for the big-memory modules, or itself."""
+    if nodeid in _ALONE:
+        return nodeid
     module = nodeid.split("::", 1)[0]
     return "big-memory" if module.rsplit("/", 1)[-1] in _BIG_MEMORY else module
 
@@ -46,11 +51,17 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(config, items):
-    """In an xdist worker (whose collection order is the schedule's): the big-memory modules
-    first (386 s), then the long ones, then the rest, each module's tests in their order."""
+    """In an xdist worker (whose collection order is the schedule's): the tests alone, the
+    big-memory modules (386 s), the long ones, then the rest, each module's tests in their order."""
     if hasattr(config, "workerinput"):
         first = [*sorted(_BIG_MEMORY), *_LONG]
-        items.sort(key=lambda item: first.index(item.path.name) if item.path.name in first else len(first))
+
+        def rank(item) -> int:
+            if item.nodeid in _ALONE:
+                return -1
+            return first.index(item.path.name) if item.path.name in first else len(first)
+
+        items.sort(key=rank)
 
 
 def pytest_runtest_logreport(report):
