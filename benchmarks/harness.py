@@ -136,7 +136,10 @@ class _ArrowOnly:
 class VerlInstalled:
     """verl's own DataProto pickled by ``arrow_dataproto.integrations.verl.install()``: a small
     one (at most ``_compact.LIMIT`` bytes of plain tensors) as its tensors' bytes, a larger one
-    through Arrow; ``compact=False``: through Arrow at every size. Needs verl; installs on creation."""
+    through Arrow; ``compact=False``: through Arrow at every size. Needs verl; installs on creation.
+    Decoded under the default receive option (copy-on-write: buffers in ordinary memory, as here, are copied)."""
+
+    copy = "on_write"
 
     def __init__(self, compact: bool):
         from arrow_dataproto.integrations import verl
