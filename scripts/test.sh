@@ -23,9 +23,11 @@ PYTHONPATH=.:tests .venv/bin/lint-imports
 # Types (pyproject.toml [tool.mypy]), in this venv only: tensordict 0.10 of .venv-compat ships no
 # type information, so there every tensordict type is Any and mypy would check strictly less.
 .venv/bin/mypy
-# Two workers (pytest-xdist); tests/conftest.py schedules by module (each on one worker, the
-# big-memory ones together, the longest first) and fails the run if that schedule was not kept.
-.venv/bin/python -m pytest -n 2 "$@"
+# Two workers (pytest-xdist; ADP_TEST_WORKERS=0: one, with less memory); tests/conftest.py schedules
+# by module (each on one worker, the big-memory ones together, the longest first) and fails the
+# run if that schedule was not kept.
+workers="${ADP_TEST_WORKERS:-2}"
+.venv/bin/python -m pytest -n "$workers" "$@"
 if [ -n "$compat_setup" ]; then
     if ! wait "$compat_setup"; then
         cat "$compat_log" >&2
@@ -34,7 +36,7 @@ if [ -n "$compat_setup" ]; then
     fi
     rm -f "$compat_log"
     trap - EXIT
-    .venv-compat/bin/python -m pytest -n 2 -m "not slow" \
+    .venv-compat/bin/python -m pytest -n "$workers" -m "not slow" \
         tests/test_codec.py tests/test_protocol.py tests/test_pickling.py tests/test_dtypes.py \
         tests/test_objects.py tests/test_verl.py tests/test_verl_parity.py tests/test_compact.py
 fi
