@@ -115,9 +115,9 @@ _SMALL = 64 << 20
 nor file-backed at the last read of ``/proc/self/maps`` are copied without reading it again:
 the read costs 2-8 ms in a process with torch or verl loaded (500-1800 mappings), as much as
 copying 16-64 MiB, and it would be paid on every receive in ordinary memory (Ray's inlined
-objects, plain ``pickle.loads`` of bytes from a pipe or socket). A mapping replaced since by a store mapping
-(one of Ray's fallback allocations, made only when the store is full) is then copied, never
-viewed (safe); larger buffers always read the maps."""
+objects, plain ``pickle.loads`` of bytes from a pipe or socket). A mapping replaced since by a
+store mapping (one of Ray's fallback allocations, made only when the store is full) is then
+copied, never viewed (safe); larger buffers always read the maps."""
 _plain: tuple[list[int], list[int]] = ([], [])  # starts and ends of the other mappings at the last read
 
 
@@ -513,8 +513,8 @@ def private_views(buffers: Sequence[pa.Buffer]) -> list[pa.Buffer]:
 
     Zero-copy for store buffers: one lease on the store's twin per object
     (mapped once per process), whatever the number of buffers. Empty buffers
-    are returned as they are. Up to 64 MiB of buffers in memory known to be
-    ordinary are copied without reading ``/proc/self/maps`` again (:data:`_SMALL`).
+    are returned as they are. Up to :data:`_SMALL` bytes of buffers in memory known
+    to be ordinary are copied without reading ``/proc/self/maps`` again.
     """
     out: list[pa.Buffer | None] = [b if b.size == 0 else None for b in buffers]
     wanted = [i for i, b in enumerate(buffers) if b.size]

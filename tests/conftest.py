@@ -19,7 +19,6 @@ _ALONE = {"tests/test_verl.py::test_worker_group_benchmark_at_tiny_size"}
 
 _by_module = False  # whether this run schedules so (set in xdist's controller)
 _ran_on: dict[str, set[str]] = {}  # work unit -> the workers that ran its tests
-_split: list[str] = []
 
 
 def _work_unit(nodeid: str) -> str:
@@ -70,15 +69,18 @@ def pytest_runtest_logreport(report):
         _ran_on.setdefault(_work_unit(report.nodeid), set()).add(worker)
 
 
+def _split_units() -> list[str]:
+    return [f"{unit} ran on {', '.join(sorted(w))}" for unit, w in _ran_on.items() if len(w) > 1]
+
+
 def pytest_sessionfinish(session):
     """The run fails if a unit was split across workers: the schedule above was not in effect."""
-    _split.extend(f"{unit} ran on {', '.join(sorted(w))}" for unit, w in _ran_on.items() if len(w) > 1)
-    if _split:
+    if _split_units():
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter):
-    for line in _split:
+    for line in _split_units():
         terminalreporter.write_line(f"tests/conftest.py: the schedule was not kept: {line}", red=True)
 
 
