@@ -139,7 +139,7 @@ class VerlInstalled:
     through Arrow; ``compact=False``: through Arrow at every size. Needs verl; installs on creation.
     Decoded under the default receive option (copy-on-write: buffers in ordinary memory, as here, are copied)."""
 
-    copy = adp.ON_WRITE
+    copy = "on_write"  # the public option value, as bench_ray spells it
 
     def __init__(self, compact: bool):
         from arrow_dataproto.integrations import verl
