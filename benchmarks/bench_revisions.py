@@ -3,8 +3,9 @@
 What a refactor must not slow down: the codec (``to_ipc``/``from_ipc``, pickle protocol 5
 with out-of-band buffers) and the files (``write_file``, ``read_file``, one pass over
 every tensor byte, ``read_rows`` of a slice, the row count of a many-batch file), on the
-seed batch (one 1 GiB int64 tensor), the PPO batch, and the PPO batch's columns for 16 rows
-(where the per-object and per-column work is all there is).
+seed batch (one 1 GiB int64 tensor), the PPO batch, its first 256 rows (tens of MiB, where
+a receive in ordinary memory skips re-reading ``/proc/self/maps``), and the PPO batch's columns
+for 16 rows (where the per-object and per-column work is all there is).
 
 The other revision's package is extracted with ``git archive`` into a temporary folder
 under another top-level name (the package imports itself only relatively), so both load
@@ -157,6 +158,7 @@ def main() -> None:
                  ("ppo (quick)", lambda: ppo_batch(rows=64, prompt=64, response=64))]
     else:
         cases = [("seed", lambda: (seed_batch(), {}, {})), ("ppo", ppo_batch),
+                 ("ppo, 256 rows", lambda: ppo_batch(rows=256)),
                  ("ppo, 16 rows", lambda: ppo_batch(rows=16, prompt=16, response=16))]
     folder = Path(tempfile.mkdtemp(prefix="adp-revisions-"))
     try:
