@@ -387,10 +387,11 @@ class _Twin:
         if last - first > 2:  # interior pages: no other lease can share them
             _drop_written(self.address + (first + 1) * _PAGE, last - first - 2)
         with _lock:  # the edge pages, which a neighbour admitted meanwhile may share
-            del self.leases[serial]
-            held = {p for p in (first, last - 1) for a, b in self.leases.values() if a // _PAGE <= p < -(-b // _PAGE)}
+            others = [span for s, span in self.leases.items() if s != serial]
+            held = {p for p in (first, last - 1) for a, b in others if a // _PAGE <= p < -(-b // _PAGE)}
             for p in {first, last - 1} - held:
                 _drop_written(self.address + p * _PAGE, 1)
+            del self.leases[serial]  # last: a written page lies under a live lease at every moment
         del sources
 
     def unmap(self) -> None:
