@@ -6,6 +6,11 @@ import pytest
 # cluster it finds on this machine (another test's, when the suite runs on two workers).
 os.environ.setdefault("RAY_ADDRESS", "local")
 
+# Every Ray the tests start (here and in children) spills and makes fallback allocations on a
+# disk however full: by default Ray refuses both past 95% use (OutOfDiskError), which a shared CI
+# disk can be while still holding gigabytes, far more than the few hundred MiB a test spills.
+os.environ.setdefault("RAY_local_fs_capacity_threshold", "1")
+
 # The modules whose tests (or their children) hold gigabytes: under ``pytest -n 2``
 # (scripts/test.sh) they run one after another on one worker.
 _BIG_MEMORY = {"test_limits.py", "test_objects.py", "test_cow.py", "test_longrun.py"}
