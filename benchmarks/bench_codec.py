@@ -48,7 +48,8 @@ def _tasks(path, td, non_tensor, meta) -> dict:
 
 
 def run(cases, repeats: int) -> list[tuple]:
-    """Rows ``(batch, path, encode Timing, decode Timing)``; the paths take turns in every round, in reverse order every other round."""
+    """Rows ``(batch, path, encode Timing, decode Timing)``; the paths take turns in every
+    round, in reverse order every other round."""
     paths = [OursPickled(copy=False), OursPickled(copy=True), OursIpc(), *all_rivals()]
     if verl_unavailable_reason() is None:  # verl's own class under install(): small ones skip Arrow
         paths += [VerlInstalled(compact=True), VerlInstalled(compact=False)]
@@ -74,7 +75,8 @@ def table(rows, command_line: str) -> str:
         "## Codec: encode and decode (`benchmarks/bench_codec.py`)",
         "",
         f"Command: `{command_line}`. Times: median (best) of the repeats after a warm-up round, the paths",
-        "taking turns in each round (in reverse order every other round); ratios are medians against arrow_dataproto zero-copy (higher = slower than ours).",
+        "taking turns in each round (in reverse order every other round); ratios are medians against",
+        "arrow_dataproto zero-copy (higher = slower than ours).",
         "",
         "| batch | path | encode ms | decode ms | encode x | decode x |",
         "|---|---|---:|---:|---:|---:|",
