@@ -21,8 +21,15 @@ Each mode also runs the step on a batch already in its workers (*held*: placed t
 once, untimed; verl dispatches a row index instead), so that per step minus held is what
 moving the batch in costs: the driver's pickling and put, the workers' unpickling.
 The modes take turns step by step (``harness.interleaved``); reported: median
-and best seconds per step, ratio to verl's numpy mode, and the workers' own
-compute seconds and torch thread counts (what they saw).
+and best seconds per step, ratio to verl's numpy mode, the workers' own
+compute seconds and torch thread counts (what they saw), and the CPU seconds a
+step used in all the processes it runs in (the driver, that mode's workers, Ray's
+raylet and GCS server; user plus system time from ``/proc/<pid>/stat``, read
+before and after each timed step, in 10 ms ticks; the median of the timed
+steps), and the median of each step's CPU seconds over its seconds (how many
+cores the step kept busy). A step lasts at least its CPU seconds over the machine's cores:
+where both modes keep every core busy, the ratio of their steps is about the
+ratio of their CPU seconds, whatever the codec.
 
 Worker start: a plain actor that never sees a DataProto, created and pinged,
 in a Ray session whose runtime_env sets the variable to ``arrow``, without the
@@ -143,6 +150,36 @@ def worker_class():
     return StepWorker
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pids) -> float:
+    """User plus system CPU seconds used so far by the processes ``pids`` (Linux ``/proc``)."""
+    ticks = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()  # from field 3 (state) on
+        ticks += int(fields[11]) + int(fields[12])  # fields 14 and 15: utime, stime
+    return ticks / _TICK
+
+
+def ray_server_pids() -> list[int]:
+    """The pids of the raylet and GCS server this driver's ``ray.init`` started (its children)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    head, _, tail = f.read().rpartition(b")")
+            except OSError:  # gone meanwhile
+                continue
+            if int(tail.split()[1]) == os.getpid() and head.partition(b"(")[2] in (b"raylet", b"gcs_server"):
+                found.append(int(entry.name))
+    if len(found) != 2:
+        raise RuntimeError(f"expected this driver's raylet and GCS server among its children, found pids {found}")
+    return found
+
+
 def set_driver_mode(value: str | None) -> None:
     from arrow_dataproto.integrations import verl as adp_verl
 
@@ -181,6 +218,12 @@ def steps(args) -> tuple[dict, dict, dict]:
         groups[mode] = RayWorkerGroup(pool, RayClassWithInitArgs(cls=worker_class()), worker_env=env, device_name="cpu")
         patched = groups[mode].patched()
         assert all(patched) == (value == "arrow") and any(patched) == (value == "arrow"), f"{mode}: hook {patched}"
+    servers = ray_server_pids()
+    pids = {
+        mode: [os.getpid(), *servers, *ray.get([w.__ray_call__.remote(lambda self: os.getpid()) for w in group.workers])]
+        for mode, group in groups.items()
+    }
+    cpu: dict = {(mode, held): [] for mode in MODES for held in (False, True)}
     index = DataProto.from_dict({"row": torch.arange(len(data))})  # chunks as the batch does
     for mode, value in MODES.items():
         set_driver_mode(value)
@@ -199,7 +242,9 @@ def steps(args) -> tuple[dict, dict, dict]:
 
     def run(mode, held):
         def step():  # timed: verl's dispatch, the workers' step, verl's collection
+            before, start = cpu_seconds(pids[mode]), time.perf_counter()
             last[mode, held] = out = groups[mode].step_held(index) if held else groups[mode].step(data)
+            cpu[mode, held].append((cpu_seconds(pids[mode]) - before, time.perf_counter() - start))
             return out
 
         def setup():
@@ -217,7 +262,9 @@ def steps(args) -> tuple[dict, dict, dict]:
     for group in groups.values():
         for worker in group.workers:
             ray.kill(worker)
-    return timings, seen, {"MiB": nbytes / 2**20, "copy_s": one_copy_seconds(data)}
+    cpu_s = {task: statistics.median(c for c, _ in spent[1:]) for task, spent in cpu.items()}  # [0]: the warm-up
+    busy = {task: statistics.median(c / w for c, w in spent[1:]) for task, spent in cpu.items()}
+    return timings, seen, {"MiB": nbytes / 2**20, "copy_s": one_copy_seconds(data), "cpu_s": cpu_s, "busy": busy}
 
 
 def one_copy_seconds(data, repeats: int = 5) -> float:
@@ -297,17 +344,24 @@ def main() -> None:
         "",
         "*held*: the same step on a batch already in the workers (`hold`, untimed): verl dispatches a",
         "row index, the workers compute on their held chunk and return the same result. *moving the batch",
-        "in* = per step - held: the driver's pickling and put, the workers' unpickling.",
+        "in* = per step - held: the driver's pickling and put, the workers' unpickling. *CPU per step*:",
+        "user plus system seconds in the driver, the mode's workers, the raylet and the GCS server during a",
+        "step (median of the timed steps; 10 ms ticks, so only steps of 0.1 s and more are measured well);",
+        "*cores busy*: the median of each step's CPU seconds over its seconds. A",
+        f"step lasts at least its CPU seconds over the cores ({os.cpu_count()} here): where both modes keep every core",
+        "busy, the ratio of their steps is about the ratio of their CPU seconds.",
         "",
         "| mode | per step | x numpy mode | held | moving the batch in | x numpy mode's | "
-        "workers' compute (median) | workers' torch threads |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "workers' compute (median) | workers' torch threads | CPU per step | x numpy mode's | cores busy |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for mode in MODES:
         lines.append(
             f"| {mode} | {harness.pair(timings[mode, False])} | {harness.ratio(timings[mode, False], base, 2)} | "
             f"{harness.pair(timings[mode, True])} | {moved[mode]:.3f} | {moved[mode] / moved['verl_numpy']:.2f} | "
-            f"{statistics.median(seen[mode]['compute_s']):.3f} | {sorted(seen[mode]['threads'])} |"
+            f"{statistics.median(seen[mode]['compute_s']):.3f} | {sorted(seen[mode]['threads'])} | "
+            f"{size['cpu_s'][mode, False]:.3f} | {size['cpu_s'][mode, False] / size['cpu_s']['verl_numpy', False]:.2f} | "
+            f"{size['busy'][mode, False]:.2f} |"
         )
     lines += [
         "",
