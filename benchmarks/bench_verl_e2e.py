@@ -23,13 +23,13 @@ moving the batch in costs: the driver's pickling and put, the workers' unpicklin
 The modes take turns step by step (``harness.interleaved``); reported: median
 and best seconds per step, ratio to verl's numpy mode, the workers' own
 compute seconds and torch thread counts (what they saw), and the CPU seconds a
-step used in all the processes it runs in (the driver, that mode's workers, Ray's
-raylet and GCS server; user plus system time from ``/proc/<pid>/stat``, read
-before and after each timed step, in 10 ms ticks; the median of the timed
+step used in all the processes it runs in (the driver, that mode's workers,
+Ray's raylet and GCS server; user plus system time from ``/proc/<pid>/stat``,
+read before and after each timed step, in 10 ms ticks; the median of the timed
 steps), and the median of each step's CPU seconds over its seconds (how many
-cores the step kept busy). A step lasts at least its CPU seconds over the machine's cores:
-where both modes keep every core busy, the ratio of their steps is about the
-ratio of their CPU seconds, whatever the codec.
+cores the step kept busy). A step lasts at least its CPU seconds over the
+machine's cores: where both modes keep every core busy, the ratio of their
+steps is about the ratio of their CPU seconds, whatever the codec.
 
 Worker start: a plain actor that never sees a DataProto, created and pinged,
 in a Ray session whose runtime_env sets the variable to ``arrow``, without the
@@ -219,10 +219,10 @@ def steps(args) -> tuple[dict, dict, dict]:
         patched = groups[mode].patched()
         assert all(patched) == (value == "arrow") and any(patched) == (value == "arrow"), f"{mode}: hook {patched}"
     servers = ray_server_pids()
-    pids = {
-        mode: [os.getpid(), *servers, *ray.get([w.__ray_call__.remote(lambda self: os.getpid()) for w in group.workers])]
-        for mode, group in groups.items()
-    }
+    pids = {}
+    for mode, group in groups.items():
+        workers = ray.get([w.__ray_call__.remote(lambda self: os.getpid()) for w in group.workers])
+        pids[mode] = [os.getpid(), *servers, *workers]
     cpu: dict = {(mode, held): [] for mode in MODES for held in (False, True)}
     index = DataProto.from_dict({"row": torch.arange(len(data))})  # chunks as the batch does
     for mode, value in MODES.items():
@@ -329,16 +329,17 @@ def main() -> None:
         runtime_env={"worker_process_setup_hook": HOOK},
     )
     try:
-        timings, seen, size = steps(args)
+        timings, seen, measured = steps(args)
     finally:
         ray.shutdown()
     base = timings["verl_numpy", False]
     moved = {mode: timings[mode, False].median - timings[mode, True].median for mode in MODES}
+    cpu = {mode: measured["cpu_s"][mode, False] for mode in MODES}
     lines = [
         "# verl RayWorkerGroup end to end (`benchmarks/bench_verl_e2e.py`)",
         "",
         f"Command: `{harness.command('bench_verl_e2e.py')}`; {args.rows} rows, {args.prompt}+{args.response} tokens "
-        f"({size['MiB']:.0f} MiB of tensors), {args.workers} CPU workers, `Dispatch.DP_COMPUTE_PROTO`; "
+        f"({measured['MiB']:.0f} MiB of tensors), {args.workers} CPU workers, `Dispatch.DP_COMPUTE_PROTO`; "
         f"median (best) of {args.repeats} steps after a warm-up, modes taking turns. Every result checked "
         "exactly against the same computation run locally (untimed). Seconds.",
         "",
@@ -348,8 +349,8 @@ def main() -> None:
         "user plus system seconds in the driver, the mode's workers, the raylet and the GCS server during a",
         "step (median of the timed steps; 10 ms ticks, so only steps of 0.1 s and more are measured well);",
         "*cores busy*: the median of each step's CPU seconds over its seconds. A",
-        f"step lasts at least its CPU seconds over the cores ({os.cpu_count()} here): where both modes keep every core",
-        "busy, the ratio of their steps is about the ratio of their CPU seconds.",
+        f"step lasts at least its CPU seconds over the cores ({os.cpu_count()} here): where both modes keep",
+        "every core busy, the ratio of their steps is about the ratio of their CPU seconds.",
         "",
         "| mode | per step | x numpy mode | held | moving the batch in | x numpy mode's | "
         "workers' compute (median) | workers' torch threads | CPU per step | x numpy mode's | cores busy |",
@@ -360,8 +361,7 @@ def main() -> None:
             f"| {mode} | {harness.pair(timings[mode, False])} | {harness.ratio(timings[mode, False], base, 2)} | "
             f"{harness.pair(timings[mode, True])} | {moved[mode]:.3f} | {moved[mode] / moved['verl_numpy']:.2f} | "
             f"{statistics.median(seen[mode]['compute_s']):.3f} | {sorted(seen[mode]['threads'])} | "
-            f"{size['cpu_s'][mode, False]:.3f} | {size['cpu_s'][mode, False] / size['cpu_s']['verl_numpy', False]:.2f} | "
-            f"{size['busy'][mode, False]:.2f} |"
+            f"{cpu[mode]:.3f} | {cpu[mode] / cpu['verl_numpy']:.2f} | {measured['busy'][mode, False]:.2f} |"
         )
     lines += [
         "",
@@ -372,7 +372,8 @@ def main() -> None:
         f"| `{ENV}=arrow`, no hook | {starts[False]:.3f} | 1.00 |",
         f"| with `{HOOK}` and `{ENV}=arrow` | {starts[True]:.3f} | {starts[True] / starts[False]:.2f} |",
         "",
-        f"For scale: one copy of the batch's tensor bytes into new memory in this driver took {size['copy_s']:.3f} s "
+        "For scale: one copy of the batch's tensor bytes into new memory in this driver took "
+        f"{measured['copy_s']:.3f} s "
         "(median of 5); moving the batch in costs at least about that, since Ray copies it once into its store. "
         f"A step at 0.5x numpy mode's ({0.5 * base.median:.3f} s) would leave moving the batch in "
         f"{0.5 * base.median - timings['install', True].median:.3f} s beside install's held step.",
