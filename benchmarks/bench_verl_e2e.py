@@ -348,9 +348,9 @@ def main() -> None:
         "in* = per step - held: the driver's pickling and put, the workers' unpickling. *CPU per step*:",
         "user plus system seconds in the driver, the mode's workers, the raylet and the GCS server during a",
         "step (median of the timed steps; 10 ms ticks, so only steps of 0.1 s and more are measured well);",
-        "*cores busy*: the median of each step's CPU seconds over its seconds. A",
-        f"step lasts at least its CPU seconds over the cores ({os.cpu_count()} here): where both modes keep",
-        "every core busy, the ratio of their steps is about the ratio of their CPU seconds.",
+        "*cores busy*: the median of each step's CPU seconds over its seconds. A step lasts at least its",
+        f"CPU seconds over the cores ({os.cpu_count()} here): where both modes keep every core busy, the ratio",
+        "of their steps is about the ratio of their CPU seconds.",
         "",
         "| mode | per step | x numpy mode | held | moving the batch in | x numpy mode's | "
         "workers' compute (median) | workers' torch threads | CPU per step | x numpy mode's | cores busy |",
