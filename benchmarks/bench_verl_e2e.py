@@ -24,7 +24,7 @@ The modes take turns step by step (``harness.interleaved``); reported: median
 and best seconds per step, ratio to verl's numpy mode, the workers' own
 compute seconds and torch thread counts (what they saw), and the CPU seconds a
 step used in all the processes it runs in (the driver, that mode's workers,
-Ray's raylet and GCS server; user plus system time from ``/proc/<pid>/stat``,
+Ray's raylet and GCS server; user plus system time from ``psutil``,
 read before and after each timed step, in 10 ms ticks; the median of the timed
 steps), and the median of each step's CPU seconds over its seconds (how many
 cores the step kept busy). A step lasts at least its CPU seconds over the
@@ -150,33 +150,18 @@ def worker_class():
     return StepWorker
 
 
-_TICK = os.sysconf("SC_CLK_TCK")
+def cpu_seconds(processes) -> float:
+    """User plus system CPU seconds used so far by ``processes`` (``psutil.Process``)."""
+    return sum(sum(p.cpu_times()[:2]) for p in processes)
 
 
-def cpu_seconds(pids) -> float:
-    """User plus system CPU seconds used so far by the processes ``pids`` (Linux ``/proc``)."""
-    ticks = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rpartition(b")")[2].split()  # from field 3 (state) on
-        ticks += int(fields[11]) + int(fields[12])  # fields 14 and 15: utime, stime
-    return ticks / _TICK
+def ray_servers() -> list:
+    """The raylet and GCS server this driver's ``ray.init`` started (its children), as ``psutil.Process``."""
+    import psutil
 
-
-def ray_server_pids() -> list[int]:
-    """The pids of the raylet and GCS server this driver's ``ray.init`` started (its children)."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/stat", "rb") as f:
-                    head, _, tail = f.read().rpartition(b")")
-            except OSError:  # gone meanwhile
-                continue
-            if int(tail.split()[1]) == os.getpid() and head.partition(b"(")[2] in (b"raylet", b"gcs_server"):
-                found.append(int(entry.name))
+    found = [p for p in psutil.Process().children() if p.name() in ("raylet", "gcs_server")]
     if len(found) != 2:
-        raise RuntimeError(f"expected this driver's raylet and GCS server among its children, found pids {found}")
+        raise RuntimeError(f"expected this driver's raylet and GCS server among its children, found {found}")
     return found
 
 
@@ -218,11 +203,13 @@ def steps(args) -> tuple[dict, dict, dict]:
         groups[mode] = RayWorkerGroup(pool, RayClassWithInitArgs(cls=worker_class()), worker_env=env, device_name="cpu")
         patched = groups[mode].patched()
         assert all(patched) == (value == "arrow") and any(patched) == (value == "arrow"), f"{mode}: hook {patched}"
-    servers = ray_server_pids()
-    pids = {}
+    import psutil
+
+    servers = ray_servers()
+    processes = {}  # each mode's step runs in these
     for mode, group in groups.items():
         workers = ray.get([w.__ray_call__.remote(lambda self: os.getpid()) for w in group.workers])
-        pids[mode] = [os.getpid(), *servers, *workers]
+        processes[mode] = [psutil.Process(), *servers, *map(psutil.Process, workers)]
     cpu: dict = {(mode, held): [] for mode in MODES for held in (False, True)}
     index = DataProto.from_dict({"row": torch.arange(len(data))})  # chunks as the batch does
     for mode, value in MODES.items():
@@ -242,9 +229,9 @@ def steps(args) -> tuple[dict, dict, dict]:
 
     def run(mode, held):
         def step():  # timed: verl's dispatch, the workers' step, verl's collection
-            before, start = cpu_seconds(pids[mode]), time.perf_counter()
+            before, start = cpu_seconds(processes[mode]), time.perf_counter()
             last[mode, held] = out = groups[mode].step_held(index) if held else groups[mode].step(data)
-            cpu[mode, held].append((cpu_seconds(pids[mode]) - before, time.perf_counter() - start))
+            cpu[mode, held].append((cpu_seconds(processes[mode]) - before, time.perf_counter() - start))
             return out
 
         def setup():
