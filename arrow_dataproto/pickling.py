@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from . import _shm
+from . import _malloc, _shm
 from ._compat import ray_external_transport
 from ._codec import record_batch_of, to_arrow
 from ._decoding import from_arrow
@@ -381,9 +381,13 @@ def rebuild_dataproto(schema_bytes: bytes, num_rows: int, columns: list[tuple]):
     Pickled non-tensor columns are allowed here: unpickling already trusts the sender.
     Buffers that arrived as tensors through Ray Direct Transport are this process's
     own memory: tensors view them (``copy=True`` still copies; tensors that arrived on
-    a device are first brought to the CPU, then placed as the options say).
+    a device are first brought to the CPU, then placed as the options say). The first
+    receive in a process that does not copy (``copy`` other than ``True``) raises glibc's
+    heap thresholds as one freed 32 MiB block does (:mod:`._malloc`).
     """
     options = get_receive_options()
+    if options.copy is not True:
+        _malloc.raise_thresholds()  # once per process: a receive that frees no large block (see _malloc)
     columns, received = _received_tensors(columns)
     on_write = options.copy == ON_WRITE and not _off_cpu(options.device) and not received
     record_batch = batch_from_state(schema_bytes, num_rows, columns, private=on_write)
