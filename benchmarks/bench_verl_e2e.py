@@ -22,7 +22,8 @@ once, untimed; verl dispatches a row index instead), so that per step minus held
 moving the batch in costs: the driver's pickling and put, the workers' unpickling.
 The modes take turns step by step (``harness.interleaved``); reported: median
 and best seconds per step, ratio to verl's numpy mode, the workers' own
-compute seconds and torch thread counts (what they saw), and the CPU seconds a
+compute seconds, page faults (minor faults of the computing thread: memory the
+compute touches for the first time) and torch thread counts, and the CPU seconds a
 step used in all the processes it runs in (the driver, that mode's workers,
 Ray's raylet and GCS server; user plus system time from ``psutil``,
 read before and after each timed step, in 10 ms ticks; the median of the timed
@@ -136,9 +137,13 @@ def worker_class():
             return self.timed_compute(self.held)
 
         def timed_compute(self, data):
-            start = time.perf_counter()
+            import resource
+
+            faults, start = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt, time.perf_counter()
             out = compute(data)
-            out.meta_info["metrics"] = {"compute_s": time.perf_counter() - start, "threads": torch.get_num_threads()}
+            seconds = time.perf_counter() - start
+            faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - faults
+            out.meta_info["metrics"] = {"compute_s": seconds, "threads": torch.get_num_threads(), "faults": faults}
             return out
 
         @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -215,7 +220,7 @@ def steps(args) -> tuple[dict, dict, dict]:
     for mode, value in MODES.items():
         set_driver_mode(value)
         groups[mode].hold(data)
-    seen: dict = {mode: {"compute_s": [], "threads": set()} for mode in MODES}
+    seen: dict = {mode: {"compute_s": [], "threads": set(), "faults": []} for mode in MODES}
     last: dict = {}  # each task's last result, checked untimed before its next step and at the end
 
     def checked(task) -> None:
@@ -225,6 +230,7 @@ def steps(args) -> tuple[dict, dict, dict]:
             metrics = out.meta_info["metrics"]
             seen[mode]["compute_s"].append(statistics.median(metrics["compute_s"]))
             seen[mode]["threads"].update(metrics["threads"])
+            seen[mode]["faults"].append(statistics.median(metrics["faults"]))
             check(out, reference, mode)
 
     def run(mode, held):
@@ -340,14 +346,16 @@ def main() -> None:
         "of their steps is about the ratio of their CPU seconds.",
         "",
         "| mode | per step | x numpy mode | held | moving the batch in | x numpy mode's | "
-        "workers' compute (median) | workers' torch threads | CPU per step | x numpy mode's | cores busy |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "workers' compute (median) | page faults per compute | workers' torch threads | CPU per step | "
+        "x numpy mode's | cores busy |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for mode in MODES:
         lines.append(
             f"| {mode} | {harness.pair(timings[mode, False])} | {harness.ratio(timings[mode, False], base, 2)} | "
             f"{harness.pair(timings[mode, True])} | {moved[mode]:.3f} | {moved[mode] / moved['verl_numpy']:.2f} | "
-            f"{statistics.median(seen[mode]['compute_s']):.3f} | {sorted(seen[mode]['threads'])} | "
+            f"{statistics.median(seen[mode]['compute_s']):.3f} | {statistics.median(seen[mode]['faults']):.0f} | "
+            f"{sorted(seen[mode]['threads'])} | "
             f"{cpu[mode]:.3f} | {cpu[mode] / cpu['verl_numpy']:.2f} | {measured['busy'][mode, False]:.2f} |"
         )
     lines += [

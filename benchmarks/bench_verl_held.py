@@ -11,7 +11,9 @@ taking turns, in one Ray session, and prints per mode:
   the part spent in our decode is shown apart) and verl's ``concat``;
 - each worker task's phases from Ray's timeline (median milliseconds):
   ``task:deserialize_arguments`` (unpickling the index), ``task:execute`` (verl's
-  wrapper and the compute) and ``task:store_outputs`` (pickling and putting the return).
+  wrapper and the compute) and ``task:store_outputs`` (pickling and putting the return);
+- the workers' page faults per compute (minor faults of the computing thread: memory
+  its temporaries touch for the first time).
 
 ``ARROW_DATAPROTO_COPY`` in the environment applies to the driver and the workers. With
 ``--after-move`` each held step follows an untimed step that moves the whole batch in (as in
@@ -91,6 +93,7 @@ def main() -> None:
         timed(pickling, "rebuild_dataproto", "of which our decode", spent)
         seconds = {mode: [] for mode in MODES}
         phases: dict = {mode: collections.defaultdict(list) for mode in MODES}
+        faults: dict = {mode: [] for mode in MODES}  # the workers' page faults per compute (median of the four)
         for _ in range(steps + 1):  # the first is a warm-up
             for mode, value in MODES.items():
                 e2e.set_driver_mode(value)
@@ -98,10 +101,11 @@ def main() -> None:
                     groups[mode].step(data)
                 spent.clear()
                 start = time.perf_counter()
-                groups[mode].step_held(index)
+                out = groups[mode].step_held(index)
                 seconds[mode].append(time.perf_counter() - start)
                 for label, s in spent.items():
                     phases[mode][label].append(s)
+                faults[mode].append(statistics.median(out.meta_info["metrics"]["faults"]))
         e2e.set_driver_mode(None)
 
         worker_ids = {
@@ -126,7 +130,7 @@ def main() -> None:
         worker = {k: round(statistics.median(v[-steps * WORKERS:]), 2) for k, v in tasks[mode].items()}
         print(f"  {mode}: {median:.4f} s ({median / base:.2f}x numpy mode)")
         print(f"    driver ms: {driver}")
-        print(f"    worker task ms: {worker}")
+        print(f"    worker task ms: {worker}; page faults per compute: {statistics.median(faults[mode][1:]):.0f}")
 
 
 if __name__ == "__main__":
