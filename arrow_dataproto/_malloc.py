@@ -10,7 +10,7 @@ the memory of one step's temporaries for the next. A process that receives views
 no such block: its thresholds stay where its own temporaries put them, glibc gives the
 heap's top back to the system after each step, and the next step's temporaries fault in
 fresh pages. In verl's worker group on CPU (``benchmarks/bench_verl_held.py``) that was
-about 2,500 page faults and 9 ms of CPU in each worker's 12 ms compute.
+2,000-3,800 page faults a step in each worker's compute, which took 21 ms of CPU instead of 12.
 
 :func:`raise_thresholds` frees one block of the largest size that moves the thresholds,
 once per process: the process then keeps its memory as one that once copied a large
