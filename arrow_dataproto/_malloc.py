@@ -39,9 +39,9 @@ def _glibc() -> ctypes.CDLL | None:
     if ctypes.sizeof(ctypes.c_void_p) != 8:
         return None
     try:
-        libc = ctypes.CDLL(None)
+        libc = ctypes.CDLL(None)  # Windows: TypeError
         libc.gnu_get_libc_version  # only glibc has it
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):
         return None
     libc.malloc.restype = ctypes.c_void_p
     libc.malloc.argtypes = [ctypes.c_size_t]

@@ -91,3 +91,25 @@ def test_receives_that_do_not_copy_raise_them(monkeypatch, copy, raises):
         back = pickle.loads(pickle.dumps(data, protocol=5))
     assert torch.equal(back.batch["x"], data.batch["x"])
     assert calls == ([1] if raises else [])
+
+
+class NotGlibc:
+    """A C library without ``gnu_get_libc_version`` (musl, macOS's libSystem)."""
+
+
+@pytest.mark.parametrize(
+    "loaded", [OSError("no such library"), TypeError("LoadLibrary() argument 1 must be str, not None"), NotGlibc()]
+)
+def test_no_glibc_means_nothing_to_do(monkeypatch, loaded):
+    """Where the process's C library cannot be loaded by name (Windows' ``CDLL(None)``) or is
+    not glibc, it does nothing."""
+
+    def load(*args, **kwargs):
+        if isinstance(loaded, Exception):
+            raise loaded
+        return loaded
+
+    monkeypatch.setattr(_malloc.ctypes, "CDLL", load)
+    monkeypatch.setattr(_malloc, "_done", False)
+    assert _malloc._glibc() is None
+    assert _malloc.raise_thresholds() is False
