@@ -658,5 +658,5 @@ def test_worker_group_benchmark_at_tiny_size(verl_dataproto, tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = out.read_text()
-    for mode in ("verl_default", "verl_numpy", "install"):
+    for mode in ("verl_default", "verl_numpy", "install", "floor"):
         assert f"| {mode} |" in report
