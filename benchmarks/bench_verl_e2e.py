@@ -355,6 +355,12 @@ def one_copy_seconds(data, repeats: int = 5) -> float:
     return statistics.median(times)
 
 
+def over(value: float, base: float) -> str:
+    """``value / base`` to two places; "-" where ``base`` is 0 (a tiny step's CPU seconds, in
+    10 ms ticks, or its moving-in time can be)."""
+    return f"{value / base:.2f}" if base else "-"
+
+
 def worker_start(repeats: int, hooked: bool) -> float:
     """Median seconds to create a plain actor and get its first reply, in a fresh session."""
     import ray
@@ -435,10 +441,10 @@ def main() -> None:
     for mode in MODES:
         lines.append(
             f"| {mode} | {harness.pair(timings[mode, False])} | {harness.ratio(timings[mode, False], base, 2)} | "
-            f"{harness.ratio(timings[mode, False], floor, 2)} | {harness.pair(timings[mode, True])} | {moved[mode]:.3f} | {moved[mode] / moved['verl_numpy']:.2f} | "
+            f"{harness.ratio(timings[mode, False], floor, 2)} | {harness.pair(timings[mode, True])} | {moved[mode]:.3f} | {over(moved[mode], moved['verl_numpy'])} | "
             f"{statistics.median(seen[mode]['compute_s']):.3f} | {statistics.median(seen[mode]['faults']):.0f} | "
             f"{sorted(seen[mode]['threads'])} | "
-            f"{cpu[mode]:.3f} | {cpu[mode] / cpu['verl_numpy']:.2f} | {measured['busy'][mode, False]:.2f} |"
+            f"{cpu[mode]:.3f} | {over(cpu[mode], cpu['verl_numpy'])} | {measured['busy'][mode, False]:.2f} |"
         )
     lines += [
         "",
