@@ -20,11 +20,12 @@ decodes onto a device). Only the three
 fields travel: attributes a subclass adds are not carried.
 
 Small objects skip Arrow: under protocol 5, a DataProto whose tensors and numeric
-columns hold at most 1 MiB, all plain (CPU tensors outside autograd, dense or
-jagged, in a flat TensorDict), pickles as each tensor's dtype, shape and bytes,
-named :func:`rebuild_compact` (:mod:`arrow_dataproto._compact`). At that size a
-copy on receipt costs less than Arrow's per-object work (0.4-1 ms), which was what
-made ``install()`` slower than verl's numpy mode in a worker group's small steps.
+columns hold at most 8 MiB (``_compact.LIMIT``), all plain (CPU tensors outside
+autograd, dense or jagged, in a flat TensorDict), pickles as each tensor's dtype,
+shape and bytes, named :func:`rebuild_compact` (:mod:`arrow_dataproto._compact`).
+At that size a copy on receipt costs less CPU than Arrow's per-object work
+(0.4-1 ms) and its copy-on-write lease, which was what made ``install()`` slower
+than verl's numpy mode in a worker group's small steps.
 Their tensors are copies on receipt (views of the received buffers with ``copy=False``).
 
 A patched class still loads what an unpatched verl pickled: both its default
