@@ -8,7 +8,7 @@ taking turns, in one Ray session, and prints per mode:
 - the step's median seconds;
 - the driver's phases per step (median milliseconds): verl's ``chunk``, the one
   ``ray.get`` of the returns (waiting for the workers, then unpickling; for install()
-  the part spent in our decode is shown apart) and verl's ``concat``;
+  the part spent in our decode, through Arrow or compact, is shown apart) and verl's ``concat``;
 - each worker task's phases from Ray's timeline (median milliseconds):
   ``task:deserialize_arguments`` (unpickling the index), ``task:execute`` (verl's
   wrapper and the compute) and ``task:store_outputs`` (pickling and putting the return);
@@ -65,7 +65,7 @@ def main() -> None:
     from verl.protocol import DataProto
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
-    from arrow_dataproto import pickling
+    from arrow_dataproto import _compact, pickling
 
     copy = os.environ.get("ARROW_DATAPROTO_COPY", "on_write")
     ray.init(
@@ -91,6 +91,7 @@ def main() -> None:
         timed(DataProto, "chunk", "chunk", spent)
         timed(DataProto, "concat", "concat", spent)
         timed(pickling, "rebuild_dataproto", "of which our decode", spent)
+        timed(_compact, "parts", "of which our decode", spent)
         seconds = {mode: [] for mode in MODES}
         phases: dict = {mode: collections.defaultdict(list) for mode in MODES}
         faults: dict = {mode: [] for mode in MODES}  # the workers' page faults per compute (median of the four)
