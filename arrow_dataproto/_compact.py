@@ -45,9 +45,10 @@ LIMIT: Final = 8 << 20
 compact pickle costs less CPU than Arrow's, encode and receive together, and the copy-on-write
 receive saves little memory. Measured through Ray to one actor that reads every tensor
 (process CPU per object, the copy on receipt included, against Arrow's per-object work and its
-copy-on-write lease): 1.8 against 2.4 ms at 4 MiB, 2.8 against 3.3 ms at 8 MiB, and 4.6 against
-3.4 ms at 12 MiB. Encoding was 0.06-0.10 ms against 0.3-0.8 ms. Above about 5 MiB the copy
-makes the receive itself slower (2.3 against 2.1 ms at 8 MiB), and the whole is still cheaper.
+copy-on-write lease; two runs): 1.8-2.2 against 2.4-3.1 ms at 4 MiB, 2.8-3.1 against 3.3-3.5 ms
+at 8 MiB, and 4.6 against 3.4 ms at 12 MiB. Encoding was 0.04-0.16 ms against 0.3-0.9 ms. Above
+about 5 MiB the copy makes the receive itself slower (2.3-2.5 against 2.1 ms at 8 MiB), and the
+whole is still cheaper.
 At 8 MiB a worker group's per-worker results stay compact (4 MiB in ``bench_verl_e2e.py``).
 Its held step went from 0.97-1.08x numpy mode's to 0.92-0.94x (``bench_verl_held.py 2048 1024 40``,
 two runs of each limit, taking turns)."""
