@@ -28,7 +28,7 @@ _SHORT_DTYPES = {
 """How ``head`` names a dtype in a tensor cell; others keep their name (``float8_e4m3fn``)."""
 
 
-Cell = "str | tuple[str, list[str]]"
+Cell = str | tuple[str, list[str]]
 """A ``head`` cell: text, or an array's ``(dtype[shape], first values)`` drawn to the column's width."""
 
 
@@ -36,7 +36,7 @@ def _number(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, (float, complex)) else str(value)
 
 
-def _render(cell: Any, width: int) -> str:
+def _render(cell: Cell, width: int) -> str:
     """A cell in at most ``width`` characters: ``f32[512] -0.51 -4.78 …`` keeps whole numbers only."""
     if isinstance(cell, str):
         return clip(cell, width)
@@ -55,9 +55,9 @@ def _array_cell(dtype: str, shape: tuple[int, ...], ragged: list[bool], values: 
     return f"{_SHORT_DTYPES.get(dtype, dtype)}[{dims}]", [_number(v) for v in values]
 
 
-def _tensor_cells(column: TensorRows, most: int) -> list[Any]:
+def _tensor_cells(column: TensorRows, most: int) -> list[Cell]:
     """The cells of a tensor column's rows (numpy arrays or torch tensors, as shown)."""
-    cells: list[Any] = []
+    cells: list[Cell] = []
     for row in column.rows:
         values = row.reshape(-1)[:most]
         if row.ndim == 0:
@@ -81,10 +81,10 @@ def _torch_rows(column: Any, info: ColumnInfo) -> TensorRows:
     return TensorRows(str(column.dtype).removeprefix("torch."), ragged, rows)
 
 
-def _object_cells(values: np.ndarray, most: int) -> list[Any]:
+def _object_cells(values: np.ndarray, most: int) -> list[Cell]:
     import numpy as np
 
-    cells: list[Any] = []
+    cells: list[Cell] = []
     for value in values:
         if isinstance(value, np.ndarray):
             flat = value.reshape(-1)[:most].tolist()
@@ -109,7 +109,7 @@ def _head_columns(reader: FileReader, asked: list[str] | None) -> list[str]:
 
 
 def head_table(path: str | os.PathLike, n: int = 5, start: int = 0, columns: list[str] | None = None,
-               allow_pickle: bool = False, most: int = 16) -> tuple[list[str], list[int], list[list[Any]], list[str]]:
+               allow_pickle: bool = False, most: int = 16) -> tuple[list[str], list[int], list[list[Cell]], list[str]]:
     """Rows ``start:start+n`` of a file as cells: ``(column names, row numbers, cells by column,
     hidden pickled columns)``; an array cell keeps its first ``most`` values (see :func:`_render`).
     Without ``allow_pickle`` pickled columns read as ``<pickled>`` and ``meta_info`` is not
@@ -134,7 +134,7 @@ def head_table(path: str | os.PathLike, n: int = 5, start: int = 0, columns: lis
             infos = {c.name: c for c in reader.column_info()}
             values = {name: data.non_tensor_batch[name] if name in data.non_tensor_batch
                       else _torch_rows(data.batch[tuple(name.split("."))], infos[name]) for name in shown}
-    cells = []
+    cells: list[list[Cell]] = []
     for name in names:
         if name in hidden:
             cells.append([PICKLED] * count)
@@ -155,7 +155,7 @@ def _stored_rows(reader: FileReader, start: int, stop: int, columns: list[str]) 
     return pieces
 
 
-def _fit(names: list[str], cells: list[list[Any]], index_width: int, width: int,
+def _fit(names: list[str], cells: list[list[Cell]], index_width: int, width: int,
          widest: int = 40, narrowest: int = 20) -> tuple[list[int], int]:
     """Column widths that fit ``width`` characters: each column as wide as its header and cells
     (at most ``widest``); the widest are narrowed first, down to ``narrowest`` (or their
