@@ -284,17 +284,22 @@ def steps(args) -> tuple[dict, dict, dict]:
     cpu: dict = {(mode, held): [] for mode in MODES for held in (False, True)}
     index = DataProto.from_dict({"row": torch.arange(len(data))})  # chunks as the batch does
     chunk_rows = [len(c) for c in data.chunk(args.workers)]
+
+    def calls(mode, group) -> dict:
+        """A mode's three calls: the DataProto modes through ``Dispatch.DP_COMPUTE_PROTO``, the floor
+        through ``Dispatch.DP_COMPUTE`` with its chunks as bare arrays."""
+        if mode == "floor":
+            return {
+                "hold": lambda: group.hold_bare([bare(c) for c in data.chunk(args.workers)]),
+                "step": lambda: collect_bare(group.step_bare([bare(c) for c in data.chunk(args.workers)])),
+                "held": lambda: collect_bare(group.step_held_bare(chunk_rows)),
+            }
+        return {"hold": lambda: group.hold(data), "step": lambda: group.step(data), "held": lambda: group.step_held(index)}
+
+    call = {mode: calls(mode, group) for mode, group in groups.items()}
     for mode, value in MODES.items():
         set_driver_mode(value)
-        if mode == "floor":
-            groups[mode].hold_bare([bare(c) for c in data.chunk(args.workers)])
-        else:
-            groups[mode].hold(data)
-
-    def floor_step(group, held):
-        if held:
-            return collect_bare(group.step_held_bare(chunk_rows))
-        return collect_bare(group.step_bare([bare(c) for c in data.chunk(args.workers)]))
+        call[mode]["hold"]()
 
     seen: dict = {mode: {"compute_s": [], "threads": set(), "faults": []} for mode in MODES}
     last: dict = {}  # each task's last result, checked untimed before its next step and at the end
@@ -312,10 +317,7 @@ def steps(args) -> tuple[dict, dict, dict]:
     def run(mode, held):
         def step():  # timed: verl's dispatch, the workers' step, verl's collection
             before, start = cpu_seconds(processes[mode]), time.perf_counter()
-            if mode == "floor":
-                out = floor_step(groups[mode], held)
-            else:
-                out = groups[mode].step_held(index) if held else groups[mode].step(data)
+            out = call[mode]["held" if held else "step"]()
             last[mode, held] = out
             cpu[mode, held].append((cpu_seconds(processes[mode]) - before, time.perf_counter() - start))
             return out
