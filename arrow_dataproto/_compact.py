@@ -1,27 +1,31 @@
-"""Small DataProtos pickled as their tensors' bytes: no Arrow arrays, a few microseconds a column.
+"""verl DataProtos pickled as their tensors' bytes: no Arrow arrays, a few microseconds a column.
 
-A pickle through Arrow pays for itself by letting the receiver view the bytes where Ray's
-object store holds them (copy-on-write, no copy). A small object gains little from that:
-Ray inlines task arguments and return values under 100 KiB into its messages, where the
-receiver copies them anyway, and copying a few hundred KiB costs less than building,
-validating and reading Arrow arrays (0.4-1 ms an object, against a few microseconds for a
-dict of numpy arrays: verl's numpy mode). In verl's worker groups, where every step sends
-one small object to each worker and back (row indices, a chunk of a small batch, the
-workers' results), that fixed cost was the whole difference.
+Under ``install()`` a verl DataProto crosses processes through Ray, whose pickle is trusted
+(unpickling runs code anyway) and never read by another tool. There the Arrow form costs
+per-object work that buys nothing: building, validating and reading Arrow arrays, inferring
+the types of object columns (0.3-1 ms to encode, 0.5-1 ms to decode an object). Measured
+through Ray to one actor that reads every tensor (``benchmarks/bench_verl_forms.py``), this
+state encodes in 0.1-0.9 ms against 0.4-1.6 ms through Arrow, and the default receive's
+``ray.get`` takes 0.6-0.9x as long as Arrow's, at every size from 1 to 64 MiB. In verl's
+worker group at 2048 rows (``benchmarks/bench_verl_e2e.py``) the step came within
+1.00-1.09x the bare-numpy floor, against 1.04-1.16x through Arrow.
 
-So :func:`state` gives a compact pickle state for a DataProto whose tensors and numeric
-columns hold at most :data:`LIMIT` bytes, and ``None`` for any other (which then pickles
-through Arrow): per tensor its name, dtype, shape and bytes (a ``PickleBuffer``, out of band
-with protocol 5), jagged tensors as values and offsets; ``non_tensor_batch`` and
-``meta_info`` are pickled as they are. Only what is plain is taken: CPU tensors outside
-autograd in a flat ``TensorDict`` (dense or jagged, a dtype of :data:`~._dtypes.STORAGE`),
-numpy columns whose rows match. Anything else -- nested TensorDicts, strided nested
-tensors, a device, a mismatch the Arrow encoder refuses with a clear error -- is left to
-the Arrow path.
+So :func:`state` gives a compact pickle state for a DataProto of plain content, and ``None``
+for any other (which then pickles through Arrow): per tensor its name, dtype, shape and
+bytes (a ``PickleBuffer``, out of band with protocol 5), jagged tensors as values and
+offsets; ``non_tensor_batch`` and ``meta_info`` are pickled as they are. Only what is plain
+is taken: CPU tensors outside autograd in a flat ``TensorDict`` (dense or jagged, a dtype of
+:data:`~._dtypes.STORAGE`), numpy columns whose rows match. Anything else -- nested
+TensorDicts, strided nested tensors, a device, a mismatch the Arrow encoder refuses with a
+clear error -- is left to the Arrow path.
 
-:func:`parts` rebuilds ``(batch, non_tensor_batch, meta_info)``: tensors are copies
-(``copy`` true or ``"on_write"``) or views of the received buffers (``copy=False``: the
-read-only contract), on ``device`` if given. A malformed state raises :class:`DecodeError`.
+:func:`parts` rebuilds ``(batch, non_tensor_batch, meta_info)`` under the receive option
+``copy``: ``"on_write"`` (the default) copies up to :data:`COPY_UP_TO` bytes of tensors and
+gives larger ones as copy-on-write views of the received buffers (:func:`._shm.private_views`:
+the same leases as the Arrow path, so a write stays in this process and the Ray object stays
+pinned while a view lives); ``True`` copies; ``False`` views the received buffers (the
+read-only contract). With ``device`` the tensors are moved there (the transfer is the copy).
+A malformed state raises :class:`DecodeError`.
 """
 
 from __future__ import annotations
@@ -32,26 +36,22 @@ import warnings
 from typing import Any, Final
 
 import numpy as np
+import pyarrow as pa
 import torch
 from tensordict import TensorDict
 
-from . import _jagged
+from . import _jagged, _shm
 from ._compat import ragged_idx, torch_function_off
 from ._dtypes import STORAGE, dtype_from_name, dtype_name
 from .errors import DecodeError, FormatVersionError, column_error
 
-LIMIT: Final = 8 << 20
-"""The most bytes of tensors and numeric columns a compact state holds. Up to this size the
-compact pickle costs less CPU than Arrow's, encode and receive together, and the copy-on-write
-receive saves little memory. Measured through Ray to one actor that reads every tensor
-(process CPU per object, the copy on receipt included, against Arrow's per-object work and its
-copy-on-write lease; two runs): 1.8-2.2 against 2.4-3.1 ms at 4 MiB, 2.8-3.1 against 3.3-3.5 ms
-at 8 MiB, and 4.6 against 3.4 ms at 12 MiB. Encoding was 0.04-0.16 ms against 0.3-0.9 ms. Above
-about 5 MiB the copy makes the receive itself slower (2.3-2.5 against 2.1 ms at 8 MiB), and the
-whole is still cheaper.
-At 8 MiB a worker group's per-worker results stay compact (4 MiB in ``bench_verl_e2e.py``).
-Its held step went from 0.97-1.08x numpy mode's to 0.92-0.94x (``bench_verl_held.py 2048 1024 40``,
-two runs of each limit, taking turns)."""
+COPY_UP_TO: Final = 2 << 20
+"""The most bytes of tensors that :func:`parts` copies under ``copy="on_write"``; more are
+copy-on-write views. Through Ray (``benchmarks/bench_verl_forms.py``), the views' ``ray.get``
+takes 1.2-2.2 ms at every size from 1 to 64 MiB, the copy's 1.4 ms at 1 MiB, 1.8 at 2, 2.4 at
+4 and 30 at 64 MiB; a view also leaves a lease for a background thread to release (about
+0.4 ms), a copy nothing. Up to 2 MiB the two cost about the same, and the copy is simpler
+memory: private from the start, nothing pinned in Ray's store."""
 
 VERSION: Final = 1
 """The compact state's layout: ``(VERSION, batch_size, device, columns, non_tensor_batch, meta_info)``."""
@@ -65,7 +65,7 @@ def _raw(t: torch.Tensor) -> pickle.PickleBuffer:
 
 
 def _jagged_column(name: str, t: _jagged.JaggedTensor, shared: dict[int, int], index: int) -> tuple | None:
-    """``(column, value bytes)`` of jagged tensor ``t``, column number ``index``; ``None`` for
+    """The column of jagged tensor ``t``, column number ``index``; ``None`` for
     one the compact state does not take (holes between rows, autograd). ``shared`` maps the
     ``id`` of each offsets tensor met to the first column holding it."""
     if t.lengths() is not None:
@@ -79,18 +79,17 @@ def _jagged_column(name: str, t: _jagged.JaggedTensor, shared: dict[int, int], i
         values, offsets, owner = values[start:end], offsets - start, index
     values = values.contiguous()
     stored_offsets: Any = _raw(offsets.contiguous()) if owner == index else owner
-    return (name, dtype_name(t.dtype), tuple(values.shape), _raw(values), stored_offsets, ragged_idx(t)), values.nbytes
+    return name, dtype_name(t.dtype), tuple(values.shape), _raw(values), stored_offsets, ragged_idx(t)
 
 
 def state(data: Any) -> tuple | None:
     """The compact pickle state of a DataProto (ours or verl's), or ``None`` when it holds
-    more than :data:`LIMIT` bytes or anything but the plain content described above.
-    Copies nothing of a contiguous tensor (a jagged tensor's rows are exported alone)."""
+    anything but the plain content described above. Copies nothing of a contiguous tensor
+    (a jagged tensor's rows are exported alone)."""
     batch, non_tensor, meta_info = data.batch, data.non_tensor_batch, data.meta_info
     if type(non_tensor) is not dict or type(meta_info) is not dict:
         return None
     columns: list[tuple] = []
-    nbytes = 0
     rows = None
     if batch is not None:
         if type(batch) is not TensorDict or batch.batch_dims < 1 or batch.device not in (None, _CPU):
@@ -104,18 +103,14 @@ def state(data: Any) -> tuple | None:
                 if t.requires_grad or t.dtype not in STORAGE or name in non_tensor:
                     return None
                 if _jagged.is_jagged(t):
-                    found = _jagged_column(name, t, shared, len(columns))
-                    if found is None:
+                    column = _jagged_column(name, t, shared, len(columns))
+                    if column is None:
                         return None
-                    column, size = found
                 elif t.is_nested or t.layout != torch.strided or t.dim() == 0:
                     return None
                 else:
                     t = t.contiguous()
-                    column, size = (name, dtype_name(t.dtype), tuple(t.shape), _raw(t), None, 0), t.nbytes
-                nbytes += size
-                if nbytes > LIMIT:
-                    return None
+                    column = (name, dtype_name(t.dtype), tuple(t.shape), _raw(t), None, 0)
                 columns.append(column)
     for name, values in non_tensor.items():
         if type(name) is not str or type(values) is not np.ndarray or values.ndim == 0:
@@ -124,10 +119,6 @@ def state(data: Any) -> tuple | None:
             rows = len(values)
         if len(values) != rows:
             return None
-        if values.dtype != object:
-            nbytes += values.nbytes
-            if nbytes > LIMIT:
-                return None
     if batch is None:
         return (VERSION, None, None, columns, non_tensor, meta_info)
     device = None if batch.device is None else str(batch.device)
@@ -223,13 +214,48 @@ def _batch(batch_size: Any, recorded: Any, columns: Any, view: bool, device: str
         raise DecodeError(f"corrupt compact state: tensors do not fit batch_size {list(batch_size)}: {e}") from e
 
 
+def _buffers(columns: list) -> list:
+    """The received buffer objects of well-formed columns (a malformed column is refused later, by :func:`_column`)."""
+    found = []
+    for column in columns:
+        if type(column) is tuple and len(column) == 6:
+            found.append(column[3])
+            if column[4] is not None and type(column[4]) is not int:
+                found.append(column[4])
+    return found
+
+
+def _private(columns: list) -> list | None:
+    """``columns`` with each buffer swapped for a copy-on-write view of it (a copy where it is
+    not in Ray's store), when they hold more than :data:`COPY_UP_TO` bytes; ``None`` when they
+    hold less, or a buffer is not one (the columns are then copied, or refused)."""
+    received = _buffers(columns)
+    try:
+        buffers = [pa.py_buffer(b) for b in received]
+    except (TypeError, ValueError):
+        return None
+    if sum(b.size for b in buffers) <= COPY_UP_TO:
+        return None
+    swap = dict(zip(map(id, received), _shm.private_views(buffers)))
+
+    def private(column: Any) -> Any:
+        if type(column) is not tuple or len(column) != 6:
+            return column
+        name, dtype, shape, data, offsets, ragged = column
+        return name, dtype, shape, swap.get(id(data), data), swap.get(id(offsets), offsets), ragged
+
+    return [private(c) for c in columns]
+
+
 def parts(compact: Any, *, copy: bool | str, device: str | None) -> tuple[TensorDict | None, dict, dict]:
     """``(batch, non_tensor_batch, meta_info)`` of a state made by :func:`state`.
 
-    Tensors are copies unless ``copy`` is ``False`` (views of the received buffers); with
-    ``device`` they are moved there (the transfer is the copy). Numeric numpy columns are
-    copies, or with ``copy=False`` the arrays as unpickled. :class:`DecodeError` for a
-    malformed state; :class:`FormatVersionError` (a ``DecodeError``) for another version's."""
+    Tensors under ``copy="on_write"`` on the CPU: copies up to :data:`COPY_UP_TO` bytes, else
+    copy-on-write views (see the module); ``copy=True``: copies; ``copy=False``: views of the
+    received buffers. With ``device`` they are moved there (the transfer is the copy). Numeric
+    numpy columns are copies, or with ``copy=False`` the arrays as unpickled.
+    :class:`DecodeError` for a malformed state; :class:`FormatVersionError` (a
+    ``DecodeError``) for another version's."""
     if type(compact) is not tuple or len(compact) != 6:
         raise DecodeError(f"corrupt compact state: {str(compact)[:60]}")
     version, batch_size, recorded, columns, non_tensor, meta_info = compact
@@ -238,7 +264,11 @@ def parts(compact: Any, *, copy: bool | str, device: str | None) -> tuple[Tensor
     if type(non_tensor) is not dict or type(meta_info) is not dict:
         raise DecodeError("corrupt compact state: non_tensor_batch and meta_info must be dicts")
     view = copy is False
-    batch = None if batch_size is None else _batch(batch_size, recorded, columns, view, device)
+    on_cpu = device is None or torch.device(device).type == "cpu"
+    private = _private(columns) if copy == "on_write" and on_cpu and type(columns) is list else None
+    if private is not None:
+        columns = private
+    batch = None if batch_size is None else _batch(batch_size, recorded, columns, view or private is not None, device)
     if not view:
         for key, values in non_tensor.items():
             if isinstance(values, np.ndarray) and values.dtype != object and values.base is not None:

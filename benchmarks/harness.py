@@ -116,27 +116,23 @@ class OursPickled:
 
 
 class _ArrowOnly:
-    """A verl DataProto that pickles under ``install()`` through Arrow whatever its size (the
-    compact form's size limit is set below zero while its reduction is made)."""
+    """A verl DataProto that pickles under ``install()`` through Arrow whatever its content
+    (the reduction the patched class makes for content the compact form does not take)."""
 
     def __init__(self, dataproto):
         self.dataproto = dataproto
 
     def __reduce_ex__(self, protocol):
-        from arrow_dataproto import _compact
+        from arrow_dataproto import to_arrow
+        from arrow_dataproto.integrations import verl
+        from arrow_dataproto.pickling import transport_state
 
-        limit = _compact.LIMIT
-        _compact.LIMIT = -1  # type: ignore[misc]
-        try:
-            return self.dataproto.__reduce_ex__(protocol)
-        finally:
-            _compact.LIMIT = limit  # type: ignore[misc]
+        return verl.rebuild, (type(self.dataproto), *transport_state(to_arrow(self.dataproto)))
 
 
 class VerlInstalled:
-    """verl's own DataProto pickled by ``arrow_dataproto.integrations.verl.install()``: a small
-    one (at most ``_compact.LIMIT`` bytes of plain tensors) as its tensors' bytes, a larger one
-    through Arrow; ``compact=False``: through Arrow at every size. Needs verl; installs on creation.
+    """verl's own DataProto pickled by ``arrow_dataproto.integrations.verl.install()``: plain
+    content as its tensors' bytes (``arrow_dataproto._compact``); ``compact=False``: through Arrow. Needs verl; installs on creation.
     Decoded under the default receive option (copy-on-write: buffers in ordinary memory, as here, are copied)."""
 
     copy = "on_write"  # the public option value, as bench_ray spells it

@@ -22,6 +22,7 @@ from arrow_dataproto import _compact
 from arrow_dataproto._compat import ragged_idx
 from arrow_dataproto.integrations import verl as adp_verl
 from arrow_dataproto.testing import assert_dataproto_equal
+from test_cow import LINUX, is_private_view_of_the_store, mapping_of
 
 ROWS = 4
 DTYPES = [
@@ -145,14 +146,12 @@ def test_other_plain_objects_round_trip(obj):
 @pytest.mark.parametrize(
     "obj",
     [
-        _small(big=torch.zeros(ROWS, _compact.LIMIT // 8 // ROWS + 1, dtype=torch.float64)),
         Small(TensorDict({"t": TensorDict({"x": torch.arange(2)}, [2])}, batch_size=[2])),
         Small(TensorDict({"x": torch.ones(2, requires_grad=True)}, batch_size=[2])),
         Small(TensorDict({"x": torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(1, 2)])}, batch_size=[2])),
         Small(TensorDict({"x": torch.arange(2)}, [2]), {"x": np.arange(2)}),
-        Small(None, {"big": np.zeros(_compact.LIMIT // 8 + 1)}),
     ],
-    ids=["over the limit", "nested TensorDict", "requires grad", "strided nested", "a name in both", "big numpy column"],
+    ids=["nested TensorDict", "requires grad", "strided nested", "a name in both"],
 )
 def test_anything_else_pickles_through_arrow(obj):
     assert _compact.state(obj) is None
@@ -162,6 +161,24 @@ def test_anything_else_pickles_through_arrow(obj):
     except EncodeError:  # what the Arrow encoder refuses, it still refuses
         return
     assert_dataproto_equal(restored, obj)
+
+
+def _large() -> Small:
+    """Just over :data:`_compact.COPY_UP_TO` bytes of tensors, a jagged column among them."""
+    cols = _compact.COPY_UP_TO // 8 // ROWS + 1
+    return _small(x=torch.arange(ROWS * cols, dtype=torch.float64).view(ROWS, cols), j=_jagged([1, 2, 0, 3]))
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [_large, lambda: Small(None, {"big": np.arange(_compact.COPY_UP_TO // 8 + 1, dtype=np.float64)})],
+    ids=["large tensors", "large numpy column"],
+)
+def test_large_plain_objects_are_compact_too(obj):
+    """Size does not send plain content through Arrow (earlier versions did so past 1, then 8 MiB)."""
+    obj = obj()
+    assert _reducer(obj) is adp_verl.rebuild_compact
+    assert_dataproto_equal(_round_trip(obj), obj)
 
 
 def test_protocols_below_5_pickle_through_arrow():
@@ -185,9 +202,15 @@ def _inside(t: torch.Tensor, buffers: list) -> bool:
     return any(lo <= t.data_ptr() < hi for lo, hi in ranges)
 
 
+@pytest.mark.parametrize("size", ["small", "large"])
 @pytest.mark.parametrize("copy", [True, "on_write", False])
-def test_copies_unless_copy_false(copy):
-    obj = _small(x=torch.arange(ROWS * 3, dtype=torch.int64).view(ROWS, 3), j=_jagged([1, 2, 0, 3]))
+def test_copies_unless_copy_false(copy, size):
+    """Buffers in ordinary memory (plain pickle): copies, unless ``copy=False``, at either size
+    (above ``COPY_UP_TO``, copy-on-write receive copies what is not in Ray's store)."""
+    if size == "small":
+        obj = _small(x=torch.arange(ROWS * 3, dtype=torch.int64).view(ROWS, 3), j=_jagged([1, 2, 0, 3]))
+    else:
+        obj = _large()
     buffers: list = []
     data = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
     with receive_options(copy=copy):
@@ -208,6 +231,37 @@ def test_device_option_places_the_batch():
         restored = _round_trip(obj)
     assert restored.batch.device == torch.device("cpu")
     assert restored.batch["x"].device == torch.device("cpu")
+
+
+@LINUX
+def test_through_ray_large_objects_are_copy_on_write_views_of_the_store(ray_session):
+    """Above ``COPY_UP_TO`` the default receive views Ray's store privately: no copy, a write
+    stays in the tensor written, and every later receive still sees the object's bytes."""
+    obj = _large()
+    ref = ray_session.put(obj)
+    first, second = ray_session.get(ref), ray_session.get(ref)
+    assert_dataproto_equal(first, obj)
+    for t in (first.batch["x"], first.batch["j"].values(), second.batch["x"]):
+        assert is_private_view_of_the_store(t)
+    first.batch["x"] += 1
+    first.batch["j"].values().mul_(-1)
+    assert_dataproto_equal(second, obj)
+    assert_dataproto_equal(ray_session.get(ref), obj)
+    with receive_options(copy=True):
+        assert not is_private_view_of_the_store(ray_session.get(ref).batch["x"])
+
+
+@LINUX
+def test_through_ray_objects_up_to_copy_up_to_are_copied(ray_session):
+    """In Ray's store (over Ray's ~100 KiB inline limit) but at most ``COPY_UP_TO``: copied."""
+    obj = _small(x=torch.arange(ROWS * 2**15, dtype=torch.float64).view(ROWS, -1))  # 1 MiB
+    ref = ray_session.put(obj)
+    got = ray_session.get(ref)
+    assert_dataproto_equal(got, obj)
+    found = mapping_of(got.batch["x"].data_ptr())
+    assert found is None or not found[2]  # anonymous memory: the copy, not a mapping of the store's file
+    got.batch["x"] += 1
+    assert_dataproto_equal(ray_session.get(ref), obj)
 
 
 # ---------------------------------------------------------------- malformed states

@@ -1,32 +1,32 @@
-"""Make verl's own ``DataProto`` pickle through Arrow.
+"""Make verl's own ``DataProto`` pickle as arrow-dataproto does: tensors' bytes out of band, viewed on receipt.
 
 ::
 
     from arrow_dataproto.integrations import verl as adp_verl
-    adp_verl.install()      # this process: verl.protocol.DataProto now pickles as Arrow
+    adp_verl.install()      # this process: verl.protocol.DataProto no longer pickles through torch.save
 
 After :func:`install`, pickling a ``verl.protocol.DataProto`` -- ``pickle``,
 ``ray.put``, a Ray task or actor argument or return value, verl's
-``save_to_disk`` -- encodes it with :func:`arrow_dataproto.to_arrow`; under
-pickle protocol 5 (Ray) every tensor's bytes travel out of band, so Ray copies
-them once into its object store. The pickle names :func:`rebuild`, so any
-process where arrow-dataproto is importable unpickles it as verl's own class,
-patched or not, under that process's :class:`~arrow_dataproto.ReceiveOptions`
-(by default, copy-on-write views of Ray's shared-memory object store:
-private to this process, a write copies only the pages it touches; buffers
-not in shared memory are copied; ``copy=True`` copies every tensor,
-``copy=False`` views the received buffers, read-only contract; ``device=``
-decodes onto a device). Only the three
-fields travel: attributes a subclass adds are not carried.
+``save_to_disk`` -- takes one of two forms, and any process where arrow-dataproto
+is importable unpickles either as verl's own class, patched or not, under that
+process's :class:`~arrow_dataproto.ReceiveOptions` (by default, copy-on-write views
+of Ray's shared-memory object store: private to this process, a write copies only the
+pages it touches; buffers not in shared memory are copied; ``copy=True`` copies every
+tensor, ``copy=False`` views the received buffers, read-only contract; ``device=``
+decodes onto a device). Only the three fields travel: attributes a subclass adds are
+not carried.
 
-Small objects skip Arrow: under protocol 5, a DataProto whose tensors and numeric
-columns hold at most 8 MiB (``_compact.LIMIT``), all plain (CPU tensors outside
-autograd, dense or jagged, in a flat TensorDict), pickles as each tensor's dtype,
-shape and bytes, named :func:`rebuild_compact` (:mod:`arrow_dataproto._compact`).
-At that size a copy on receipt costs less CPU than Arrow's per-object work
-(0.4-1 ms) and its copy-on-write lease, which was what made ``install()`` slower
-than verl's numpy mode in a worker group's small steps.
-Their tensors are copies on receipt (views of the received buffers with ``copy=False``).
+- **Plain content under protocol 5** (Ray): CPU tensors outside autograd, dense or
+  jagged, in a flat TensorDict, and numpy columns whose rows match. It pickles as each
+  tensor's dtype, shape and bytes, out of band, named :func:`rebuild_compact`
+  (:mod:`arrow_dataproto._compact`): no Arrow arrays, whose per-object work (0.3-1 ms to
+  encode, 0.5-1 ms to decode) buys nothing in a pickle that only this library reads,
+  and that made ``install()`` slower than bare numpy arrays in verl's worker groups. Up
+  to 2 MiB of tensors (``_compact.COPY_UP_TO``) are copied on receipt under the default,
+  which costs less than a copy-on-write lease.
+- **Anything else** (nested TensorDicts, strided nested tensors, tensors on a device,
+  protocols below 5, Ray Direct Transport): encoded by :func:`arrow_dataproto.to_arrow`,
+  named :func:`rebuild`, which validates the payload.
 
 A patched class still loads what an unpatched verl pickled: both its default
 state (the batch as ``torch.save`` bytes) and its
@@ -47,7 +47,7 @@ and the driver calls ``install_from_env()`` (or ``install()``) itself. Name
 ``...verl.install`` as the hook instead to patch regardless of the variable.
 Mixed processes interoperate: an unpatched verl takes ``arrow`` for its default
 mode, so a process without the hook sends ``torch.save`` states, which patched
-processes load, and loads their Arrow pickles through :func:`rebuild`.
+processes load, and loads their pickles through :func:`rebuild_compact` and :func:`rebuild`.
 
 ``copy.copy`` and ``copy.deepcopy`` of a patched object do not go through the
 codec: both give new tensors (as verl's pickling-based copies do), ``copy.copy``
@@ -224,14 +224,19 @@ def rebuild(cls: type, schema_bytes: bytes, num_rows: int, columns: list[tuple])
 
 
 def rebuild_compact(cls: type, compact: tuple) -> Any:
-    """Unpickle a small DataProto pickled as its tensors' bytes (see :mod:`arrow_dataproto._compact`)
-    as ``cls``, under :func:`~arrow_dataproto.get_receive_options`: tensors are copies, or
-    views of the received buffers with ``copy=False``. :class:`DecodeError` for a malformed state."""
-    from .. import _compact
+    """Unpickle a DataProto pickled as its tensors' bytes (see :mod:`arrow_dataproto._compact`)
+    as ``cls``, under :func:`~arrow_dataproto.get_receive_options`: by default copies up to
+    2 MiB of tensors and copy-on-write views above; copies with ``copy=True``; views of the
+    received buffers with ``copy=False``. A receive that does not copy raises glibc's heap
+    thresholds once per process, as the Arrow path does (:func:`rebuild`).
+    :class:`DecodeError` for a malformed state."""
+    from .. import _compact, _malloc
     from .._container import assemble
     from ..pickling import get_receive_options
 
     options = get_receive_options()
+    if options.copy is not True:
+        _malloc.raise_thresholds()  # once per process: a receive that frees no large block (see _malloc)
     batch, non_tensor_batch, meta_info = _compact.parts(compact, copy=options.copy, device=options.device)
     return assemble(cls, batch, non_tensor_batch, meta_info)
 
