@@ -232,7 +232,7 @@ def _private(columns: list) -> list | None:
     received = _buffers(columns)
     try:
         buffers = [pa.py_buffer(b) for b in received]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, BufferError):  # not a contiguous buffer: _column refuses it
         return None
     if sum(b.size for b in buffers) <= COPY_UP_TO:
         return None

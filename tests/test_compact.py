@@ -310,6 +310,7 @@ CORRUPT = {
     "huge shape": _set(("col", 0, 2), (2**40, 2**40)),
     "truncated bytes": _set(("col", 0, 3), b"\0" * 7),
     "not a buffer": _set(("col", 0, 3), 12),
+    "a strided buffer": _set(("col", 0, 3), memoryview(np.zeros(4 * ROWS, dtype=np.int64))[::2]),
     "offsets decrease": _set(("col", 1, 4), np.array([0, 2, 1, 1, 6], dtype=np.int64).tobytes()),
     "offsets miss the end": _set(("col", 1, 4), np.array([0, 1, 3, 3, 5], dtype=np.int64).tobytes()),
     "offsets start late": _set(("col", 1, 4), np.array([1, 1, 3, 3, 6], dtype=np.int64).tobytes()),
@@ -329,8 +330,12 @@ def test_another_version_is_a_format_version_error(version):
         adp_verl.rebuild_compact(Small, _with(_set(("state", 0), version)))
 
 
+@pytest.mark.parametrize("mapped", [False, True], ids=["copied", "through private_views"])
 @pytest.mark.parametrize("name", CORRUPT)
-def test_malformed_states_raise_decode_error(name):
+def test_malformed_states_raise_decode_error(name, mapped, monkeypatch):
+    """Either way a receive takes: copied, or (``COPY_UP_TO`` at 0) through ``_shm.private_views`` first."""
+    if mapped:
+        monkeypatch.setattr(_compact, "COPY_UP_TO", 0)
     state = _with(CORRUPT[name])
     with pytest.raises(DecodeError):
         adp_verl.rebuild_compact(Small, state)
