@@ -264,8 +264,9 @@ def parts(compact: Any, *, copy: bool | str, device: str | None) -> tuple[Tensor
     if type(non_tensor) is not dict or type(meta_info) is not dict:
         raise DecodeError("corrupt compact state: non_tensor_batch and meta_info must be dicts")
     view = copy is False
-    on_cpu = device is None or torch.device(device).type == "cpu"
-    private = _private(columns) if copy == "on_write" and on_cpu and type(columns) is list else None
+    private = None
+    if copy == "on_write" and type(columns) is list and (device is None or torch.device(device).type == "cpu"):
+        private = _private(columns)
     if private is not None:
         columns = private
     batch = None if batch_size is None else _batch(batch_size, recorded, columns, view or private is not None, device)

@@ -375,19 +375,26 @@ def _off_cpu(device: str | None) -> bool:
     return device is not None and torch.device(device).type != "cpu"
 
 
+def unpickling_options() -> ReceiveOptions:
+    """The :func:`get_receive_options` for an unpickle starting here. The first such receive
+    in a process that does not copy (``copy`` other than ``True``) raises glibc's heap
+    thresholds as one freed 32 MiB block does (:mod:`._malloc`): it frees no large block."""
+    options = get_receive_options()
+    if options.copy is not True:
+        _malloc.raise_thresholds()  # once per process
+    return options
+
+
 def rebuild_dataproto(schema_bytes: bytes, num_rows: int, columns: list[tuple]):
     """Unpickle a DataProto under the :func:`get_receive_options` in force.
 
     Pickled non-tensor columns are allowed here: unpickling already trusts the sender.
     Buffers that arrived as tensors through Ray Direct Transport are this process's
     own memory: tensors view them (``copy=True`` still copies; tensors that arrived on
-    a device are first brought to the CPU, then placed as the options say). The first
-    receive in a process that does not copy (``copy`` other than ``True``) raises glibc's
-    heap thresholds as one freed 32 MiB block does (:mod:`._malloc`).
+    a device are first brought to the CPU, then placed as the options say). The options
+    come from :func:`unpickling_options` (which may raise glibc's heap thresholds).
     """
-    options = get_receive_options()
-    if options.copy is not True:
-        _malloc.raise_thresholds()  # once per process: a receive that frees no large block (see _malloc)
+    options = unpickling_options()
     columns, received = _received_tensors(columns)
     on_write = options.copy == ON_WRITE and not _off_cpu(options.device) and not received
     record_batch = batch_from_state(schema_bytes, num_rows, columns, private=on_write)
