@@ -289,9 +289,12 @@ def steps(args) -> tuple[dict, dict, dict]:
         """A mode's three calls: the DataProto modes through ``Dispatch.DP_COMPUTE_PROTO``, the floor
         through ``Dispatch.DP_COMPUTE`` with its chunks as bare arrays."""
         if mode == "floor":
+            def chunks() -> list:
+                return [bare(c) for c in data.chunk(args.workers)]
+
             return {
-                "hold": lambda: group.hold_bare([bare(c) for c in data.chunk(args.workers)]),
-                "step": lambda: collect_bare(group.step_bare([bare(c) for c in data.chunk(args.workers)])),
+                "hold": lambda: group.hold_bare(chunks()),
+                "step": lambda: collect_bare(group.step_bare(chunks())),
                 "held": lambda: collect_bare(group.step_held_bare(chunk_rows)),
             }
         return {"hold": lambda: group.hold(data), "step": lambda: group.step(data), "held": lambda: group.step_held(index)}

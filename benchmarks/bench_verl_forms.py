@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT.parent))
 
 import harness  # noqa: E402
 
-FORMS = ("compact, copied", "compact, on write", "Arrow")
+FORMS = {"compact, copied": 1 << 62, "compact, on write": 0, "Arrow": 0}
+"""Each form and the ``_compact.COPY_UP_TO`` its receiver runs with."""
 
 
 def make(mib: int):
@@ -55,18 +56,9 @@ def make(mib: int):
     )
 
 
-class ArrowForm:
-    """``data`` pickled through Arrow, as the patched class does for content the compact state does not take."""
-
-    def __init__(self, data):
-        self.data = data
-
-    def __reduce_ex__(self, protocol):
-        from arrow_dataproto import to_arrow
-        from arrow_dataproto.integrations import verl
-        from arrow_dataproto.pickling import transport_state
-
-        return verl.rebuild, (type(self.data), *transport_state(to_arrow(self.data)))
+def sent(form: str, data):
+    """What the driver puts for ``form``: the DataProto itself, or it pickled through Arrow."""
+    return harness.ArrowOnly(data) if form == "Arrow" else data
 
 
 def reader():
@@ -113,23 +105,21 @@ def main() -> None:
     actor = reader()
     ray.get(actor.__ray_ready__.remote())
     warm = make(1)  # untimed: each form once, so that no timed object pays for first imports
-    for form in FORMS:
-        payload = ArrowForm(warm) if form == "Arrow" else warm
-        ray.get(actor.receive.remote([[ray.put(payload)] for _ in range(3)], 1 << 62 if form == "compact, copied" else 0))
+    for form, copy_up_to in FORMS.items():
+        ray.get(actor.receive.remote([[ray.put(sent(form, warm))] for _ in range(3)], copy_up_to))
     header = "| MiB | form | encode ms | get ms | get x Arrow | get+read, thread CPU ms | process CPU ms |"
     lines = [header, "|---:|---|---:|---:|---:|---:|---:|"]
     for mib in (int(s) for s in args.sizes.split(",")):
         data = make(mib)
         found = {}
-        for form in FORMS:
-            payload = ArrowForm(data) if form == "Arrow" else data
+        for form, copy_up_to in FORMS.items():
+            payload = sent(form, data)
             encode = []
             for _ in range(max(args.repeats, 5)):
                 start = time.perf_counter()
                 pickle.dumps(payload, protocol=5, buffer_callback=[].append)
                 encode.append(time.perf_counter() - start)
             refs = [[ray.put(payload)] for _ in range(args.repeats)]
-            copy_up_to = 1 << 62 if form == "compact, copied" else 0
             found[form] = (statistics.median(encode) * 1e3, *ray.get(actor.receive.remote(refs, copy_up_to)))
             del refs
         for form in FORMS:

@@ -115,19 +115,17 @@ class OursPickled:
         return payload  # already rebuilt by pickle.loads under receive_options(copy=self.copy)
 
 
-class _ArrowOnly:
+class ArrowOnly:
     """A verl DataProto that pickles under ``install()`` through Arrow whatever its content
-    (the reduction the patched class makes for content the compact form does not take)."""
+    (``integrations.verl.reduce_through_arrow``: the form of content the compact state does not take)."""
 
     def __init__(self, dataproto):
         self.dataproto = dataproto
 
     def __reduce_ex__(self, protocol):
-        from arrow_dataproto import to_arrow
         from arrow_dataproto.integrations import verl
-        from arrow_dataproto.pickling import transport_state
 
-        return verl.rebuild, (type(self.dataproto), *transport_state(to_arrow(self.dataproto)))
+        return verl.reduce_through_arrow(self.dataproto)
 
 
 class VerlInstalled:
@@ -148,7 +146,7 @@ class VerlInstalled:
         from verl.protocol import DataProto
 
         dataproto = DataProto(batch=td, non_tensor_batch=non_tensor, meta_info=meta)
-        return dataproto if self.compact else _ArrowOnly(dataproto)
+        return dataproto if self.compact else ArrowOnly(dataproto)
 
     def decode(self, payload):
         return payload.batch, payload.non_tensor_batch, payload.meta_info
