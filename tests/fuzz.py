@@ -59,11 +59,14 @@ reported with the input that caused it. Targets:
     returned and is in neither the file nor what ``recover_file`` reads from a partial file,
     or a refused write that changed a partial file, is a finding (``unexpected:AssertionError``).
 ``compact``
-    ``integrations.verl.rebuild_compact(cls, state)``: the compact state a small verl
-    DataProto pickles to under ``install()`` (``arrow_dataproto._compact``: per tensor a
+    ``integrations.verl.rebuild_compact(cls, state)``: the compact state a verl
+    DataProto of plain content pickles to under ``install()`` (``arrow_dataproto._compact``: per tensor a
     name, dtype, shape and bytes; jagged offsets or the index of the column whose offsets
     it shares). Trusted like ``state``; a lying shape, byte count, offset, dtype, batch size
     or version must be a ``DecodeError``, never a read outside the buffers.
+``compact-views``
+    the same, decoded as a state over ``_compact.COPY_UP_TO`` is (its buffers through
+    ``_shm.private_views`` before any check: views or copies of them).
 ``file-flip``, ``file-flip-zstd``, ``file-flip-portable``
     one byte anywhere in a checksummed file XORed with 1..255, read with ``verify=True``,
     ``verify()`` and ``read_all``: strict, so a decode that differs from the seed is a finding
@@ -245,6 +248,21 @@ def _compact_payload(dp: adp.DataProto) -> tuple:
     *head, columns, non_tensor, meta_info = state
     plain = [tuple(bytes(c.raw()) if isinstance(c, pickle.PickleBuffer) else c for c in column) for column in columns]
     return (*head, plain, non_tensor, meta_info)
+
+
+def _rebuild_compact(state: tuple) -> adp.DataProto:
+    return adp_verl.rebuild_compact(adp.DataProto, state)
+
+
+def _rebuild_compact_through_views(state: tuple) -> adp.DataProto:
+    """:func:`_rebuild_compact` with ``_compact.COPY_UP_TO`` at 0: the buffers of every state
+    go through ``_shm.private_views`` first, as those of a state over it do."""
+    copy_up_to = _compact.COPY_UP_TO
+    _compact.COPY_UP_TO = 0  # type: ignore[misc]
+    try:
+        return _rebuild_compact(state)
+    finally:
+        _compact.COPY_UP_TO = copy_up_to  # type: ignore[misc]
 
 
 def _compact_dtypes() -> adp.DataProto:
@@ -823,15 +841,16 @@ def targets() -> dict[str, Target]:
     )
     found += writer_targets()
     found += _json_foreign_targets()
-    found.append(
-        Target(
-            "compact",
-            encode=_compact_payload,
-            decode=lambda payload: adp_verl.rebuild_compact(adp.DataProto, payload),
-            mutate=lambda payload, rng, corpus, target: _mutate_compact(payload, rng, corpus, target),
-            seeds=("verl-ppo", "compact-dtypes", "no-batch", "json"),
+    for name, decode in (("compact", _rebuild_compact), ("compact-views", _rebuild_compact_through_views)):
+        found.append(
+            Target(
+                name,
+                encode=_compact_payload,
+                decode=decode,
+                mutate=lambda payload, rng, corpus, target: _mutate_compact(payload, rng, corpus, target),
+                seeds=("verl-ppo", "compact-dtypes", "no-batch", "json"),
+            )
         )
-    )
     found.append(
         Target(  # damaged verl pickles (load_from_disk(allow_pickle=True)): DecodeError, never a crash
             "verl-pickle",
@@ -1364,7 +1383,7 @@ def make_case(number: int, base_seed: int, corpus: Corpus) -> Case:
             payload, desc = _mutate_bytes(payload, rng, corpus.donor(target, rng))
         elif target.name == "pandas":
             payload, desc = _mutate_frame(payload, rng)
-        elif target.name == "compact":
+        elif target.name in ("compact", "compact-views"):
             payload, desc = _mutate_compact(payload, rng, corpus, target)
         else:
             payload, desc = _mutate_state(payload, rng, corpus)
