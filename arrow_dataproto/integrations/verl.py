@@ -78,6 +78,7 @@ __all__ = [
     "load_state",
     "rebuild",
     "rebuild_compact",
+    "reduce_through_arrow",
     "unpickle",
     "VerlState",
     "uninstall",
