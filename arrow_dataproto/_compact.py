@@ -36,7 +36,6 @@ import warnings
 from typing import Any, Final
 
 import numpy as np
-import pyarrow as pa
 import torch
 from tensordict import TensorDict
 
@@ -231,12 +230,11 @@ def _private(columns: list) -> list | None:
     hold less, or a buffer is not one (the columns are then copied, or refused)."""
     received = _buffers(columns)
     try:
-        buffers = [pa.py_buffer(b) for b in received]
+        if sum(memoryview(b).nbytes for b in received) <= COPY_UP_TO:
+            return None
+        swap = _shm.private_views_by_id(received)
     except (TypeError, ValueError, BufferError):  # not a contiguous buffer: _column refuses it
         return None
-    if sum(b.size for b in buffers) <= COPY_UP_TO:
-        return None
-    swap = dict(zip(map(id, received), _shm.private_views(buffers)))
 
     def private(column: Any) -> Any:
         if type(column) is not tuple or len(column) != 6:

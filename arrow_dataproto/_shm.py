@@ -62,7 +62,7 @@ import sys
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -547,6 +547,14 @@ def private_views(buffers: Sequence[pa.Buffer]) -> list[pa.Buffer]:
             for i, view in zip(members, views):
                 out[i] = view
     return [b if b is not None else _copy(buffers[i]) for i, b in enumerate(out)]
+
+
+def private_views_by_id(objects: Sequence[Any]) -> dict[int, pa.Buffer]:
+    """``id(object) -> private view or copy`` (:func:`private_views`) of each object that
+    exports a contiguous buffer, as unpickled out of band: a decoder swaps its state's buffer
+    objects for these. ``TypeError``, ``ValueError`` or ``BufferError`` from
+    :func:`pyarrow.py_buffer` for an object that exports none, or a strided one."""
+    return {id(o): view for o, view in zip(objects, private_views([pa.py_buffer(o) for o in objects]))}
 
 
 def _copy(buffer: pa.Buffer) -> pa.Buffer:

@@ -268,13 +268,6 @@ def _state_buffers(state: tuple) -> list:
     return found
 
 
-def _private_buffers(columns: list[tuple]) -> dict[int, pa.Buffer]:
-    """``id(buffer object) -> private view or copy`` for every buffer of the state (see :mod:`._shm`)."""
-    originals = [b for c in columns for b in _state_buffers(c)]
-    views = _shm.private_views([pa.py_buffer(b) for b in originals])
-    return {id(b): v for b, v in zip(originals, views)}
-
-
 _CACHED_SCHEMA_BYTES = 64 * 1024
 """Larger schemas (a large ``meta_info`` rides in the schema metadata) are parsed each time, not kept."""
 
@@ -297,7 +290,7 @@ def batch_from_state(schema_bytes: bytes, num_rows: int, columns: list[tuple], *
             schema = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
         if len(columns) != len(schema):
             raise DecodeError(f"pickled batch has {len(columns)} columns, its schema {len(schema)}")
-        views = _private_buffers(columns) if private else {}
+        views = _shm.private_views_by_id([b for c in columns for b in _state_buffers(c)]) if private else {}
         return record_batch_of([_column(f, c, views) for f, c in zip(schema, columns)], schema, num_rows)
     except (pa.ArrowException, OSError, TypeError, ValueError) as e:  # pyarrow: OSError for corrupt schema bytes
         if isinstance(e, DecodeError):
