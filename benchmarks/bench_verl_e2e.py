@@ -397,10 +397,11 @@ def main() -> None:
     def sizes(parser) -> None:
         parser.add_argument("--rows", type=int, default=2048, help="rows of the batch (default 2048)")
         parser.add_argument("--tokens", type=int, default=1024, help="prompt and response tokens each (default 1024)")
+        parser.add_argument("--workers", type=int, default=4, help="workers of each group (default 4)")
 
     args = harness.arguments(__doc__, "verl_e2e.md", repeats=5, quick="64 rows of 16+16 tokens, 2 workers", more=sizes)
     args.rows, args.prompt, args.response, args.workers = (
-        (64, 16, 16, 2) if args.quick else (args.rows, args.tokens, args.tokens, 4)
+        (64, 16, 16, 2) if args.quick else (args.rows, args.tokens, args.tokens, args.workers)
     )
     args.repeats = 1 if args.quick else args.repeats
     import ray
