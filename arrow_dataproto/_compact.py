@@ -7,8 +7,8 @@ the types of object columns (0.3-1 ms to encode, 0.5-1 ms to decode an object). 
 through Ray to one actor that reads every tensor (``benchmarks/bench_verl_forms.py``), this
 state encodes in 0.1-0.9 ms against 0.4-1.6 ms through Arrow, and the default receive's
 ``ray.get`` takes 0.6-0.9x as long as Arrow's, at every size from 1 to 64 MiB. In verl's
-worker group at 2048 rows (``benchmarks/bench_verl_e2e.py``) the step came to 0.93-1.09x
-the bare-numpy floor's (six runs), against 1.04-1.16x through Arrow (five).
+worker group at 2048 rows (``benchmarks/bench_verl_e2e.py``) the step came to 0.93-1.10x
+the bare-numpy floor's (ten runs), against 1.04-1.16x through Arrow (five).
 
 So :func:`state` gives a compact pickle state for a DataProto of plain content, and ``None``
 for any other (which then pickles through Arrow): per tensor its name, dtype, shape and
