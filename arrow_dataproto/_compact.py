@@ -45,7 +45,7 @@ from ._dtypes import STORAGE, dtype_from_name, dtype_name
 from .errors import DecodeError, FormatVersionError, column_error
 
 COPY_UP_TO: Final = 2 << 20
-"""The most bytes of tensors that :func:`parts` copies under ``copy="on_write"``; more are
+"""The most bytes of tensors that :func:`parts` copies given ``private``; more are
 copy-on-write views. Through Ray (``benchmarks/bench_verl_forms.py``), the views' ``ray.get``
 takes 1.2-2.2 ms at every size from 1 to 64 MiB, the copy's 1.4 ms at 1 MiB, 1.8 at 2, 2.4 at
 4 and 30 at 64 MiB; a view also leaves a lease for a background thread to release (about
@@ -245,15 +245,16 @@ def _private(columns: list) -> list | None:
     return [private(c) for c in columns]
 
 
-def parts(compact: Any, *, copy: bool | str, device: str | None) -> tuple[TensorDict | None, dict, dict]:
+def parts(compact: Any, *, copy: bool | str, device: str | None, private: bool) -> tuple[TensorDict | None, dict, dict]:
     """``(batch, non_tensor_batch, meta_info)`` of a state made by :func:`state`.
 
-    Tensors under ``copy="on_write"`` on the CPU: copies up to :data:`COPY_UP_TO` bytes, else
-    copy-on-write views (see the module); ``copy=True``: copies; ``copy=False``: views of the
-    received buffers. With ``device`` they are moved there (the transfer is the copy). Numeric
-    numpy columns are copies, or with ``copy=False`` the arrays as unpickled.
-    :class:`DecodeError` for a malformed state; :class:`FormatVersionError` (a
-    ``DecodeError``) for another version's."""
+    Tensors with ``private`` (the caller's receive options say copy-on-write views:
+    :attr:`~arrow_dataproto.ReceiveOptions.copy_on_write_views`): copies up to
+    :data:`COPY_UP_TO` bytes, else copy-on-write views (see the module); otherwise copies,
+    or with ``copy=False`` views of the received buffers. With ``device`` they are moved
+    there (the transfer is the copy). Numeric numpy columns are copies, or with
+    ``copy=False`` the arrays as unpickled. :class:`DecodeError` for a malformed state;
+    :class:`FormatVersionError` (a ``DecodeError``) for another version's."""
     if type(compact) is not tuple or len(compact) != 6:
         raise DecodeError(f"corrupt compact state: {str(compact)[:60]}")
     version, batch_size, recorded, columns, non_tensor, meta_info = compact
@@ -262,13 +263,11 @@ def parts(compact: Any, *, copy: bool | str, device: str | None) -> tuple[Tensor
     if type(non_tensor) is not dict or type(meta_info) is not dict:
         raise DecodeError("corrupt compact state: non_tensor_batch and meta_info must be dicts")
     view = copy is False
-    private = None
-    if copy == "on_write" and type(columns) is list and (device is None or torch.device(device).type == "cpu"):
-        private = _private(columns)
-    if private is not None:
-        columns = private
-    batch = None if batch_size is None else _batch(batch_size, recorded, columns, view or private is not None, device)
-    if not view:
+    swapped = _private(columns) if private and type(columns) is list else None
+    if swapped is not None:
+        columns, view = swapped, True
+    batch = None if batch_size is None else _batch(batch_size, recorded, columns, view, device)
+    if copy is not False:
         for key, values in non_tensor.items():
             if isinstance(values, np.ndarray) and values.dtype != object and values.base is not None:
                 non_tensor[key] = np.array(values)

@@ -78,6 +78,13 @@ class ReceiveOptions:
         if self.device is not None:
             _check_device(self.device)
 
+    @property
+    def copy_on_write_views(self) -> bool:
+        """Whether buffers from Ray's object store become copy-on-write views under these
+        options: ``copy="on_write"`` with tensors that stay on the CPU (a ``device`` off
+        the CPU copies: the transfer is the copy)."""
+        return self.copy == ON_WRITE and not _off_cpu(self.device)
+
     @classmethod
     def resolve(
         cls, copy: Copy | None = None, device: str | None = None, *, over: ReceiveOptions | None = None
@@ -389,7 +396,7 @@ def rebuild_dataproto(schema_bytes: bytes, num_rows: int, columns: list[tuple]):
     """
     options = unpickling_options()
     columns, received = _received_tensors(columns)
-    on_write = options.copy == ON_WRITE and not _off_cpu(options.device) and not received
+    on_write = options.copy_on_write_views and not received
     record_batch = batch_from_state(schema_bytes, num_rows, columns, private=on_write)
     data = from_arrow(record_batch, device=options.device, copy=options.copy is True, allow_pickle=True)
     if on_write or received:  # numpy views of private buffers would be read-only: give writable copies

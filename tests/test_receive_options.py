@@ -162,6 +162,15 @@ def test_environment_words_are_the_copy_values(monkeypatch, word, copy):
     assert read_environment(monkeypatch, copy=word, device=None) == ReceiveOptions(copy=copy)
 
 
+@pytest.mark.parametrize(
+    "copy, device, views",
+    [("on_write", None, True), ("on_write", "cpu", True), ("on_write", "meta", False), (True, None, False), (False, None, False)],
+)
+def test_copy_on_write_views_only_where_on_write_keeps_tensors_on_the_cpu(copy, device, views):
+    """The one decision both pickled forms' receives follow (the Arrow state's and verl's compact one)."""
+    assert ReceiveOptions(copy=copy, device=device).copy_on_write_views is views
+
+
 def test_receive_mode_names_each_copy_value():
     asked = {True: "copy", False: "view"}
     for copy, mode in asked.items():

@@ -244,7 +244,9 @@ def rebuild_compact(cls: type, compact: tuple) -> Any:
     from ..pickling import unpickling_options
 
     options = unpickling_options()
-    batch, non_tensor_batch, meta_info = _compact.parts(compact, copy=options.copy, device=options.device)
+    batch, non_tensor_batch, meta_info = _compact.parts(
+        compact, copy=options.copy, device=options.device, private=options.copy_on_write_views
+    )
     return assemble(cls, batch, non_tensor_batch, meta_info)
 
 
