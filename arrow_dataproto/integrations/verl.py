@@ -23,7 +23,7 @@ not carried.
   encode, 0.5-1 ms to decode) buys nothing in a pickle that only this library reads,
   and that made ``install()`` slower than bare numpy arrays in verl's worker groups. Up
   to 2 MiB of tensors (``_compact.COPY_UP_TO``) are copied on receipt under the default,
-  which costs less than a copy-on-write lease.
+  which costs about what a copy-on-write lease does and pins nothing in Ray's store.
 - **Anything else** (nested TensorDicts, strided nested tensors, tensors on a device,
   protocols below 5, Ray Direct Transport): encoded by :func:`arrow_dataproto.to_arrow`,
   named :func:`rebuild`, which validates the payload.
