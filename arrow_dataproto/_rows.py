@@ -6,7 +6,8 @@ helpers select rows of dense tensors, nested tensors and nested TensorDicts
 alike, on whatever device they live. Dense results follow torch: a slice is a
 view, an index list a copy. A jagged result of a slice views the same values.
 Jagged leaves that share one ragged structure (one offsets tensor) still share one
-in the result when the caller passes one ``shared`` memo to every leaf of the operation.
+in the result when the caller passes one ``shared`` memo to every leaf of the operation
+and selects the same rows of each (the same ``start, stop``, the same ``index`` tensor).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def take(t: torch.Tensor, index: torch.Tensor, shared: Shared | None = None) -> 
             )
             return new_offsets, gather
 
-        new_offsets, gather = _once(shared, ("take", id(offsets)), (offsets,), plan)
+        new_offsets, gather = _once(shared, ("take", id(offsets), id(index)), (offsets, index), plan)
         return _jagged.build(values[gather.to(values.device)], new_offsets, ragged_idx(t))
     if t.is_nested:
         rows = t.unbind()
@@ -64,7 +65,7 @@ def slice_rows(t: torch.Tensor, start: int, stop: int, shared: Shared | None = N
     if _jagged.is_jagged(t):
         values, offsets = _jagged.parts(t)
         first, last = int(offsets[start]), int(offsets[stop])
-        new_offsets = _once(shared, ("slice", id(offsets)), (offsets,), lambda: offsets[start : stop + 1] - first)
+        new_offsets = _once(shared, ("slice", id(offsets), start, stop), (offsets,), lambda: offsets[start : stop + 1] - first)
         return _jagged.build(values[first:last], new_offsets, ragged_idx(t))
     if t.is_nested:
         return take(t, torch.arange(start, stop))

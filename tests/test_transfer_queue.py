@@ -7,6 +7,7 @@ The two-node test runs in a child process (tests/two_nodes.py).
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -281,6 +282,198 @@ def test_a_writer_gone_before_any_read(tq_on_ray):
     assert torch.equal(ray.get(refs[0]).batch["tokens"], batch(rows, 3)["tokens"])
     del fillers
     tq.kv_clear(keys=keys(rows), partition_id="early")
+
+
+def _three_puts() -> dict[str, TensorDict]:
+    """Three puts of two, three and one rows: jagged (two fields sharing offsets), dense, non-tensor."""
+    out = {}
+    for name, rows, start in (("a", 2, 0), ("b", 3, 10), ("c", 1, 20)):
+        ids = range(start, start + rows)
+        lengths = [(i * 7) % 5 + 1 for i in ids]
+        response = torch.nested.nested_tensor([torch.arange(n) + 100 * i for n, i in zip(lengths, ids)], layout=torch.jagged)
+        out[name] = TensorDict({
+            "response": response,
+            "mask": torch.nested.nested_tensor_from_jagged(response.values() % 2 == 0, response.offsets()),
+            "score": torch.tensor([[i * 0.5, -i] for i in ids], dtype=torch.float32),
+            "uid": NonTensorStack.from_list([f"{name}{i}" for i in ids]),
+        }, batch_size=[rows])
+    return out
+
+
+def _row(data: TensorDict, i: int) -> dict:
+    return {
+        "response": data["response"].unbind()[i].tolist(), "mask": data["mask"].unbind()[i].tolist(),
+        "score": data["score"][i].tolist(), "uid": data["uid"].tolist()[i],
+    }
+
+
+def test_every_order_of_rows_over_three_puts_is_exact(tq_on_ray):
+    """A get of any permutation of the six keys (runs of one put split by others' rows, reversed,
+    interleaved) gives each row exactly as it was put: a jagged field's offsets come from each run."""
+    import itertools
+
+    puts = _three_puts()
+    rows = {}
+    for name, data in puts.items():
+        names = [f"{name}{i}" for i in range(data.batch_size[0])]
+        tq.kv_batch_put(keys=names, partition_id="perm", fields=data)
+        rows.update({k: _row(data, i) for i, k in enumerate(names)})
+    every = list(rows)
+    for order in itertools.permutations(every):
+        got = tq.kv_batch_get(keys=list(order), partition_id="perm")
+        assert list(got.keys()) == ["response", "mask", "score", "uid"]
+        assert got["response"].is_nested and got["score"].dtype == torch.float32 and not got["score"].is_nested
+        assert [_row(got, i) for i in range(len(order))] == [rows[k] for k in order], order
+    for k in every:  # and every subset of two, in both orders
+        for j in every:
+            if j != k:
+                got = tq.kv_batch_get(keys=[k, j], partition_id="perm")
+                assert [_row(got, 0), _row(got, 1)] == [rows[k], rows[j]]
+    tq.kv_clear(keys=every, partition_id="perm")
+
+
+def test_the_issues_interleaved_jagged_runs(tq_on_ray):
+    a = TensorDict({"r": torch.nested.nested_tensor(
+        [torch.tensor([10]), torch.tensor([20, 21, 22, 23]), torch.tensor([30, 31, 32, 33]), torch.tensor([40])],
+        layout=torch.jagged)}, batch_size=[4])
+    b = TensorDict({"r": torch.nested.nested_tensor([torch.tensor([99, 98])], layout=torch.jagged)}, batch_size=[1])
+    tq.kv_batch_put(keys=["a0", "a1", "a2", "a3"], partition_id="runs", fields=a)
+    tq.kv_batch_put(keys=["b0"], partition_id="runs", fields=b)
+    got = tq.kv_batch_get(keys=["a0", "a1", "b0", "a2", "a3"], partition_id="runs")["r"]
+    assert [t.tolist() for t in got.unbind()] == [[10], [20, 21, 22, 23], [99, 98], [30, 31, 32, 33], [40]]
+    got = tq.kv_batch_get(keys=["a3", "b0", "a0", "a2"], partition_id="runs")["r"]
+    assert [t.tolist() for t in got.unbind()] == [[40], [99, 98], [10], [30, 31, 32, 33]]
+    tq.kv_clear(keys=["a0", "a1", "a2", "a3", "b0"], partition_id="runs")
+
+
+def _bits(t: torch.Tensor) -> list:
+    return t.view(torch.uint8).tolist() if t.dtype.itemsize == 1 or t.is_floating_point() else t.tolist()
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "common"),
+    [
+        (torch.bfloat16, torch.float16, torch.float32),
+        (torch.int32, torch.int64, torch.int64),
+        (torch.int32, torch.float32, torch.float64),
+        (torch.uint8, torch.int8, torch.int16),
+        (torch.float8_e4m3fn, torch.float16, torch.float16),
+        (torch.bool, torch.int16, torch.int16),
+        (torch.float32, torch.complex64, torch.complex64),
+        (torch.int64, torch.float32, None),  # no dtype holds both exactly: the library's error
+        (torch.float64, torch.bfloat16, torch.float64),
+    ],
+)
+def test_puts_of_other_dtypes_come_back_exact_or_raise(tq_on_ray, first, second, common):
+    part = f"dtypes-{first}-{second}".replace("torch.", "")
+    values = [0.5, 1.5, 2.5, 1.0009765625] if first.is_floating_point or second.is_floating_point else [0, 1, 2, 3]
+    if torch.bool in (first, second):
+        values = [0, 1, 1, 0]
+    a = torch.tensor(values[:2]).to(first)[:, None]
+    b = torch.tensor(values[2:]).to(second)[:, None]
+    tq.kv_batch_put(keys=["x0", "x1"], partition_id=part, fields=TensorDict({"v": a}, batch_size=[2]))
+    tq.kv_batch_put(keys=["x2", "x3"], partition_id=part, fields=TensorDict({"v": b}, batch_size=[2]))
+    for order in (["x0", "x1", "x2", "x3"], ["x3", "x0", "x2", "x1"]):
+        if common is None:
+            with pytest.raises(backend.TransferQueueStorageError, match=r"field 'v' was put with dtypes") as e:
+                tq.kv_batch_get(keys=order, partition_id=part)
+            assert re.search(r"torch.int64: global indexes \[\d+, \d+\]", str(e.value))
+            assert re.search(r"torch.float32: global indexes \[\d+, \d+\]", str(e.value))
+            continue
+        got = tq.kv_batch_get(keys=order, partition_id=part)["v"]
+        assert got.dtype == common and not got.is_nested and got.shape == (4, 1)
+        want = {"x0": a[0], "x1": a[1], "x2": b[0], "x3": b[1]}
+        for row, k in zip(got, order):  # each row the value put, bit for bit once cast back
+            if not common.is_complex:
+                assert _bits(row.to(want[k].dtype)) == _bits(want[k]), k
+            assert torch.equal(row, want[k].to(common)), k
+    for k in ("x0", "x1", "x2", "x3"):  # each put alone: its own dtype
+        assert tq.kv_batch_get(keys=[k], partition_id=part)["v"].dtype == (first if k < "x2" else second)
+    tq.kv_clear(keys=["x0", "x1", "x2", "x3"], partition_id=part)
+
+
+def test_an_overwrite_with_another_dtype(tq_on_ray):
+    tq.kv_batch_put(keys=keys(4), partition_id="over", fields=TensorDict(
+        {"v": torch.tensor([1.0009765625, 2.0, 3.0, 4.0], dtype=torch.float16)}, batch_size=[4]))
+    tq.kv_batch_put(keys=keys(2, 1), partition_id="over", fields=TensorDict(
+        {"v": torch.tensor([0.5, 7.0], dtype=torch.bfloat16)}, batch_size=[2]))
+    got = tq.kv_batch_get(keys=keys(4), partition_id="over")["v"]
+    assert got.dtype == torch.float32 and got.tolist() == [1.0009765625, 0.5, 7.0, 4.0]
+    tq.kv_clear(keys=keys(4), partition_id="over")
+
+
+@pytest.mark.parametrize("tensor_first", [True, False])
+def test_a_field_tensor_in_one_put_and_non_tensor_in_another(tq_on_ray, tensor_first):
+    part = f"kinds-{tensor_first}"
+    tensor = TensorDict({"v": torch.tensor([[1, 2], [3, 4]])}, batch_size=[2])
+    objects = TensorDict({"v": NonTensorStack.from_list(["x", {"y": 1}])}, batch_size=[2])
+    first, second = (tensor, objects) if tensor_first else (objects, tensor)
+    tq.kv_batch_put(keys=["k0", "k1"], partition_id=part, fields=first)
+    tq.kv_batch_put(keys=["k2", "k3"], partition_id=part, fields=second)
+    got = tq.kv_batch_get(keys=["k3", "k0", "k2", "k1"], partition_id=part).get("v")
+    assert isinstance(got, NonTensorStack)
+    want = {"k0": first["v"], "k1": first["v"], "k2": second["v"], "k3": second["v"]}
+    for value, k, i in zip(got.tolist(), ["k3", "k0", "k2", "k1"], [1, 0, 0, 1]):
+        expected = want[k][i] if isinstance(want[k], torch.Tensor) else want[k].tolist()[i]
+        if isinstance(expected, torch.Tensor):
+            assert isinstance(value, torch.Tensor) and value.dtype == expected.dtype and torch.equal(value, expected)
+        else:
+            assert value == expected
+    tq.kv_clear(keys=["k0", "k1", "k2", "k3"], partition_id=part)
+
+
+def test_gets_across_partitions_of_other_dtypes(tq_on_ray):
+    """Rows of two partitions in one get (a BatchMeta of both): joined under the same rules."""
+    tq.kv_batch_put(keys=["m0", "m1"], partition_id="mixA", fields=TensorDict(
+        {"v": torch.tensor([1, 2], dtype=torch.int32)}, batch_size=[2]))
+    tq.kv_batch_put(keys=["m0"], partition_id="mixB", fields=TensorDict(
+        {"v": torch.tensor([0.25], dtype=torch.float32)}, batch_size=[1]))
+    from transfer_queue.metadata import BatchMeta
+
+    client = tq.get_client()
+    a = client.kv_retrieve_meta(keys=["m1", "m0"], partition_id="mixA", create=False)
+    b = client.kv_retrieve_meta(keys=["m0"], partition_id="mixB", create=False)
+    got = client.get_data(BatchMeta.concat([a, b], validate=False))["v"]
+    assert got.dtype == torch.float64 and got.tolist() == [2.0, 1.0, 0.25]
+    got = client.get_data(BatchMeta.concat([b, a], validate=False))["v"]
+    assert got.dtype == torch.float64 and got.tolist() == [0.25, 2.0, 1.0]
+    tq.kv_clear(keys=["m0", "m1"], partition_id="mixA")
+    tq.kv_clear(keys=["m0"], partition_id="mixB")
+
+
+def test_a_refused_put_leaves_no_trace(tq_on_ray):
+    before = held(tq_on_ray)
+    tq.kv_batch_put(keys=keys(3), partition_id="refused", fields=batch(3))
+    for _ in range(3):  # a retry loop
+        with pytest.raises((ValueError, backend.TransferQueueStorageError), match="(?i)duplicated keys"):
+            tq.kv_batch_put(keys=["k1", "k1"], partition_id="refused", fields=batch(2, 50))
+    assert held(tq_on_ray) == before + 1
+    assert_same(tq.kv_batch_get(keys=keys(3), partition_id="refused"), batch(3))  # nothing overwritten
+    tq.kv_clear(keys=["k0", "k2"], partition_id="refused")
+    assert held(tq_on_ray) == before + 1  # k1 is still stored
+    assert_same(tq.kv_batch_get(keys=["k1"], partition_id="refused"), batch(1, 1))
+    tq.kv_clear(keys=["k1"], partition_id="refused")
+    assert held(tq_on_ray) == before
+
+
+def test_no_object_held_once_every_key_is_cleared(tq_on_ray):
+    """Overwrites of some rows and some fields, a later field, refused puts: clearing every key frees every object."""
+    before = held(tq_on_ray)
+    tq.kv_batch_put(keys=keys(6), partition_id="count", fields=batch(6))
+    tq.kv_batch_put(keys=keys(2, 2), partition_id="count", fields=batch(2, 40))  # overwrites rows 2, 3
+    tq.kv_batch_put(keys=keys(6), partition_id="count", fields=TensorDict({"extra": torch.ones(6)}, batch_size=[6]))
+    tq.kv_batch_put(keys=keys(1, 5), partition_id="count", fields=TensorDict({"extra": torch.zeros(1)}, batch_size=[1]))
+    with pytest.raises((ValueError, backend.TransferQueueStorageError)):
+        tq.kv_batch_put(keys=["k3", "k3"], partition_id="count", fields=batch(2))
+    assert held(tq_on_ray) == before + 4
+    tq.kv_clear(keys=keys(2, 2), partition_id="count")  # the second put's rows: it is freed
+    assert held(tq_on_ray) == before + 3
+    tq.kv_clear(keys=["k0", "k1", "k4"], partition_id="count")
+    assert held(tq_on_ray) == before + 2  # row 5: in the first and the fourth (its "extra" replaced the third's)
+    got = tq.kv_batch_get(keys=["k5"], partition_id="count")
+    assert got["extra"].tolist() == [0.0] and got["uid"].tolist() == ["u5"]
+    tq.kv_clear(keys=["k5"], partition_id="count")
+    assert held(tq_on_ray) == before
 
 
 def test_setup_hook_is_cheap_and_registers():

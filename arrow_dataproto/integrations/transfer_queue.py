@@ -39,6 +39,14 @@ Contract:
   fields stay dense, jagged stay jagged, every dtype and shape exact; non-tensor fields
   come back as ``NonTensorStack``. Fields come back in the order asked
   (``select_fields``), else in the order the controller lists them (the order they were put).
+  Rows of one field put by several puts with different dtypes come back in the first
+  dtype that holds every one of their values exactly (bf16 and float16 in float32, int32
+  and float32 in float64); where no dtype does (int64 and float32) the get raises
+  :class:`TransferQueueStorageError` naming the field and the global indexes of each
+  dtype's rows. A field that is a tensor in some puts and non-tensor in others comes back
+  as a ``NonTensorStack`` of every row as it was put (tensor rows as tensors).
+- **refused puts**: a put naming one key twice raises :class:`TransferQueueStorageError`
+  before anything is stored (TransferQueue itself would refuse it only after storing it).
 - **clear** (``kv_clear``, ``clear_samples``, ``clear_partition``): the directory forgets the
   rows; an object is freed once none of its rows is stored (and no reader still holds a
   view of it).
@@ -124,20 +132,26 @@ class Directory:
         data = ray.get(refs[0])  # views of the writer's object (receive options: copy=False)
         with self.lock:
             self.register(partition, object_id, refs, indexes, fields)
-            self.pinned[object_id] = data
+            if object_id in self.objects:
+                self.pinned[object_id] = data
 
     def register(self, partition: str, object_id: str, refs: list, indexes: list[int], fields: list[str]) -> None:
         """Record object ``object_id`` (``refs[0]``) as holding rows ``indexes`` of ``fields``.
+        Its count of cells is that of the distinct cells it is the value of (an index given
+        twice is the object's later row), as is each count taken from the objects it replaces.
         (Each row loop here and below runs in C: ``map``, ``dict.update``, ``Counter``.)"""
         placed = dict(zip(indexes, zip(itertools.repeat(object_id), itertools.count())))
+        fields = list(dict.fromkeys(fields))
+        if not placed or not fields:  # no cell: nothing to hold
+            return
         with self.lock:
-            self.objects[object_id] = [refs[0], len(indexes) * len(fields)]
+            self.objects[object_id] = [refs[0], len(placed) * len(fields)]
             replaced: Counter[str] = Counter()
             last: tuple[list, Counter[str]] = ([], Counter())
             for field in fields:
                 cells = self.cells.setdefault((partition, field), {})
                 if cells:
-                    old = list(filter(None, map(cells.get, indexes)))
+                    old = list(filter(None, map(cells.get, placed)))
                     if old != last[0]:  # else the same cells as the previous field's: the same counts
                         last = (old, Counter(map(_OBJECT, old)))
                     replaced.update(last[1])
@@ -292,40 +306,138 @@ def _runs(objs: np.ndarray, rows: np.ndarray) -> list[tuple[int, int, int]]:
     return [(int(objs[a]), int(rows[a]), int(rows[a]) + int(b - a)) for a, b in zip(starts, stops)]
 
 
-def _select(values: list, objs: np.ndarray, rows: np.ndarray, shared: dict) -> Any:
-    """The rows ``(objs[i], rows[i])`` of one field whose value in object ``k`` is ``values[k]``:
-    a view for one run of one object, else one copy."""
+def _select(field: str, values: list, objs: np.ndarray, rows: np.ndarray, indexes: list[int], shared: dict) -> Any:
+    """The rows ``(objs[i], rows[i])`` of field ``field`` (global indexes ``indexes``) whose value
+    in object ``k`` is ``values[k]``: a view for one run of one object, else one copy
+    (pieces of several puts joined by :func:`_join`)."""
     runs = _runs(objs, rows)
-    first = values[runs[0][0]]
-    if isinstance(first, np.ndarray):  # a non-tensor column
-        picked = np.concatenate([values[o][a:b] for o, a, b in runs])
-        return NonTensorStack.from_list(picked.tolist())
-    if len(runs) == 1:
+    if len(runs) == 1 and not isinstance(values[runs[0][0]], np.ndarray):
         o, a, b = runs[0]
         return _rows_of(values[o], lambda t: _rows.slice_rows(t, a, b, shared), b - a)
-    if not np.any(objs != objs[0]):  # one object, rows in another order: one gather
-        index = torch.from_numpy(rows.copy())
-        return _rows_of(first, lambda t: _rows.take(t, index, shared), len(rows))
-    pieces = [_rows_of(values[o], functools.partial(_slice, start=a, stop=b, shared=shared), b - a) for o, a, b in runs]
-    if is_tensor_collection(pieces[0]):
-        return _rows.cat_rows(pieces, shared)
-    return _join(pieces, shared)
+    if not np.any(objs != objs[0]) and not isinstance(values[runs[0][0]], np.ndarray):  # one object, another order
+        key = ("index", rows.tobytes())  # one index tensor for every field of these rows: jagged ones share offsets
+        index = shared[key] if key in shared else shared.setdefault(key, torch.from_numpy(rows.copy()))
+        return _rows_of(values[runs[0][0]], lambda t: _rows.take(t, index, shared), len(rows))
+    pieces, origins, at = [], [], 0
+    for o, a, b in runs:
+        value = values[o]
+        if isinstance(value, np.ndarray):  # a non-tensor column
+            pieces.append(value[a:b])
+        else:
+            pieces.append(_rows_of(value, functools.partial(_slice, start=a, stop=b, shared=shared), b - a))
+        origins.append(indexes[at : at + b - a])
+        at += b - a
+    joined = _join(field, pieces, origins, shared)
+    return NonTensorStack.from_list(joined.tolist()) if isinstance(joined, np.ndarray) else joined
 
 
-def _join(pieces: list[torch.Tensor], shared: dict) -> torch.Tensor:
-    """The pieces' rows in one tensor (one copy): dense if every piece is dense with one row shape,
-    jagged if every piece is jagged, else a nested tensor of the rows (jagged where one dimension
-    varies, strided otherwise), as TransferQueue's own backends build it."""
+def _join(field: str, pieces: list, origins: list[list[int]], shared: dict) -> Any:
+    """The pieces' rows, in order, in one value (one copy); ``origins[i]`` are the global
+    indexes of ``pieces[i]``'s rows (for errors).
+
+    - every piece non-tensor (an object array): one object array;
+    - tensor pieces and non-tensor ones: one object array of every row as it was put
+      (a tensor piece's rows as tensors), as TransferQueue's SimpleStorage returns them;
+    - tensor pieces of several dtypes: each cast to the first dtype (of theirs, else of
+      int16, int32, int64, float32, float64, complex64, complex128) that holds every value of
+      every one exactly (bf16 and float16 into float32, int32 and float32 into float64);
+      where none does (int64 and float32), :class:`TransferQueueStorageError` naming the field and
+      the global indexes of each dtype's rows;
+    - then dense pieces of one row shape stay dense and jagged pieces stay jagged; other
+      mixes become a nested tensor of the rows (jagged where one dimension varies, else
+      strided), as TransferQueue's own backends build them;
+    - nested TensorDicts: joined leaf by leaf, under the same rules.
+    """
+    arrays = [isinstance(p, np.ndarray) for p in pieces]
+    if any(arrays):
+        return np.concatenate([p if isinstance(p, np.ndarray) else _objects(_unbind(p), len(p)) for p in pieces])
+    collections = {is_tensor_collection(p) for p in pieces}
+    if collections == {True}:
+        first = pieces[0]
+        if any(set(p.keys()) != set(first.keys()) for p in pieces):
+            raise TransferQueueStorageError(
+                f"arrow_dataproto TransferQueue backend: field {field!r} holds TensorDicts with other keys in other puts "
+                f"({_sources(origins, [sorted(p.keys()) for p in pieces])})"
+            )
+        content = {k: _join(f"{field}.{k}", [p[k] for p in pieces], origins, shared) for k in first.keys()}
+        return TensorDict(content, batch_size=[sum(len(o) for o in origins), *first.batch_size[1:]])
+    if collections != {False}:
+        kinds = ["TensorDict" if is_tensor_collection(p) else "tensor" for p in pieces]
+        raise TransferQueueStorageError(
+            f"arrow_dataproto TransferQueue backend: field {field!r} is a TensorDict in some puts and a tensor "
+            f"in others ({_sources(origins, kinds)}): get them in separate calls"
+        )
+    dtype = _common_dtype([p.dtype for p in pieces])
+    if dtype is None:
+        raise TransferQueueStorageError(
+            f"arrow_dataproto TransferQueue backend: field {field!r} was put with dtypes no one dtype holds exactly "
+            f"({_sources(origins, [p.dtype for p in pieces])}): get them in separate calls, or put one dtype"
+        )
+    pieces = [p if p.dtype == dtype else p.to(dtype) for p in pieces]
     nested = {p.is_nested for p in pieces}
-    if nested == {False} and len({(p.shape[1:], p.dtype) for p in pieces}) == 1:
+    if nested == {False} and len({p.shape[1:] for p in pieces}) == 1:
         return _rows.cat(pieces, shared)
     if nested == {True} and all(p.layout == torch.jagged for p in pieces):
         return _rows.cat(pieces, shared)
-    rows = [r for p in pieces for r in (p.unbind() if p.is_nested else p.unbind(0))]
+    rows = [r for p in pieces for r in _unbind(p)]
     try:
         return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
     except (RuntimeError, ValueError):
         return torch.nested.as_nested_tensor(rows, layout=torch.strided)
+
+
+def _unbind(piece: Any) -> list:
+    """The rows of a tensor (dense or nested) or TensorDict piece."""
+    if is_tensor_collection(piece):
+        return [_rows.map_rows(piece, functools.partial(_row, i=i), None) for i in range(piece.batch_size[0])]
+    return list(piece.unbind()) if piece.is_nested else list(piece.unbind(0))
+
+
+def _row(t: torch.Tensor, i: int) -> torch.Tensor:
+    return _rows.row(t, i)
+
+
+def _sources(origins: list[list[int]], what: list) -> str:
+    """``what[i]`` of each piece with the first global indexes of its rows, one entry per distinct ``what``."""
+    seen: dict[str, list[int]] = {}
+    for rows, w in zip(origins, what):
+        seen.setdefault(str(w), []).extend(rows)
+    return "; ".join(f"{w}: global indexes {rows[:5]}{' ...' if len(rows) > 5 else ''}" for w, rows in seen.items())
+
+
+_WIDER = (torch.int16, torch.int32, torch.int64, torch.float32, torch.float64, torch.complex64, torch.complex128)
+
+
+def _common_dtype(dtypes: list[torch.dtype]) -> torch.dtype | None:
+    """The first of ``dtypes`` (then of ``_WIDER``) that holds every value of each exactly, or None."""
+    distinct = list(dict.fromkeys(dtypes))
+    for candidate in (*distinct, *_WIDER):
+        if all(_holds(candidate, d) for d in distinct):
+            return candidate
+    return None
+
+
+def _holds(dst: torch.dtype, src: torch.dtype) -> bool:
+    """Whether every value of dtype ``src`` is a value of dtype ``dst`` (a cast is exact)."""
+    if dst == src or src == torch.bool:
+        return True
+    if dst == torch.bool:
+        return False
+    if src.is_complex or dst.is_complex:
+        if not dst.is_complex:
+            return False
+        part = {torch.complex32: torch.float16, torch.complex64: torch.float32, torch.complex128: torch.float64}
+        return _holds(part[dst], part.get(src, src))
+    if src.is_floating_point:
+        if not dst.is_floating_point:
+            return False
+        s, d = torch.finfo(src), torch.finfo(dst)  # significand, range and subnormals
+        return d.eps <= s.eps and d.max >= s.max and d.smallest_normal * d.eps <= s.smallest_normal * s.eps
+    i = torch.iinfo(src)
+    if dst.is_floating_point:  # integers up to 2**significand bits are exact
+        return max(i.max, -i.min) <= 2 / torch.finfo(dst).eps
+    o = torch.iinfo(dst)
+    return o.min <= i.min and o.max >= i.max
 
 
 def _slice(t: torch.Tensor, start: int, stop: int, shared: dict) -> torch.Tensor:
@@ -383,8 +495,16 @@ class ArrowStorageManager(StorageManager):
             raise
 
     def _put(self, data: TensorDict, metadata: BatchMeta) -> None:
-        dp = _to_dataproto(data)
         indexes = [int(i) for i in metadata.global_indexes]
+        if len(set(indexes)) != len(indexes):  # TransferQueue refuses the put after storing it: refused here first
+            twice = sorted(i for i, n in Counter(indexes).items() if n > 1)
+            raise TransferQueueStorageError(
+                f"arrow_dataproto TransferQueue backend: a put names global indexes {twice[:5]} more than once "
+                "(duplicated keys): nothing was stored"
+            )
+        if not list(data.keys()):
+            return
+        dp = _to_dataproto(data)
         where = (metadata.partition_ids[0], uuid.uuid4().hex)
         method = "register" if self.owner == "putter" else "adopt"
         self._call("put", method, *where, [ray.put(dp)], indexes, list(data.keys()))
@@ -414,8 +534,8 @@ class ArrowStorageManager(StorageManager):
                 refs, where = self._call("get", "locate", partition, asked, indexes, True)
                 objects = self._fetch(refs)
             shared: dict = {}
-            fields = {k: _select([_field(o, k) for o in objects], where[k][0], where[k][1], shared) for k in asked}
-            pieces.append((positions, fields, len(indexes)))
+            fields = {k: _select(k, [_field(o, k) for o in objects], where[k][0], where[k][1], indexes, shared) for k in asked}
+            pieces.append((positions, fields, indexes))
         if len(pieces) == 1:
             fields = pieces[0][1]
         else:  # rows of several partitions, in the order asked
@@ -464,18 +584,17 @@ def _by_partition(partition_ids: list[str]) -> list[tuple[str, list[int]]]:
 
 
 def _merge(pieces: list, asked: list[str], rows: int) -> dict:
-    """Fields of several partitions' rows, put back in the order of the metadata (one more copy)."""
+    """Fields of several partitions' rows, put back in the order of the metadata (one more copy;
+    pieces of different dtypes or kinds joined by :func:`_join`)."""
     positions = np.fromiter(itertools.chain.from_iterable(p for p, _, _ in pieces), np.int64, rows)
     inverse = torch.from_numpy(np.argsort(positions, kind="stable"))
+    origins = [indexes for _, _, indexes in pieces]
     out: dict[str, Any] = {}
     for k in asked:
-        parts = [f[k] for _, f, _ in pieces]
-        if isinstance(parts[0], NonTensorStack):
-            values = list(itertools.chain.from_iterable(p.tolist() for p in parts))
-            out[k] = NonTensorStack.from_list([values[i] for i in inverse.tolist()])
-        elif is_tensor_collection(parts[0]):
-            joined = _rows.cat_rows(parts)
-            out[k] = _rows.map_rows(joined, lambda t: _rows.take(t, inverse), rows)
+        parts = [_objects(f[k].tolist(), len(f[k])) if isinstance(f[k], NonTensorStack) else f[k] for _, f, _ in pieces]
+        joined = _join(k, parts, origins, {})
+        if isinstance(joined, np.ndarray):
+            out[k] = NonTensorStack.from_list(joined[inverse.numpy()].tolist())
         else:
-            out[k] = _rows.take(_rows.cat(parts), inverse)
+            out[k] = _rows_of(joined, lambda t: _rows.take(t, inverse), rows)
     return out
