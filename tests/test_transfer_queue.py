@@ -476,6 +476,130 @@ def test_no_object_held_once_every_key_is_cleared(tq_on_ray):
     assert held(tq_on_ray) == before
 
 
+def _checkpointed_puts() -> None:
+    """Puts in two partitions: an overwrite of some rows' fields, a later field, cleared rows."""
+    tq.kv_batch_put(keys=keys(6), partition_id="ck1", fields=batch(6))
+    tq.kv_batch_put(keys=keys(2, 1), partition_id="ck1", fields=TensorDict(
+        {"logp": torch.full((2, 6), 0.5, dtype=torch.bfloat16), "uid": NonTensorStack.from_list(["x1", "x2"])},
+        batch_size=[2]))
+    tq.kv_batch_put(keys=keys(4, 100), partition_id="ck2", fields=batch(4, 100))
+    tq.kv_batch_put(keys=keys(4, 100), partition_id="ck2", fields=TensorDict({"score": torch.arange(4.0)}, batch_size=[4]))
+    tq.kv_batch_put(keys=keys(3, 200), partition_id="ck2", fields=batch(3, 200))
+    tq.kv_clear(keys=["k4"], partition_id="ck1")  # a cleared row in the middle of a put
+    tq.kv_clear(keys=keys(3, 200), partition_id="ck2")  # a whole put cleared
+
+
+def _checkpointed_rows() -> dict[str, tuple[list[str], TensorDict]]:
+    """What :func:`_checkpointed_puts` leaves stored."""
+    ck1 = batch(6)[[0, 1, 2, 3, 5]]
+    ck1["logp"][1:3] = 0.5
+    ck1["uid"] = NonTensorStack.from_list(["u0", "x1", "x2", "u3", "u5"])
+    ck1["response"] = torch.nested.nested_tensor([batch(6)["response"][i] for i in [0, 1, 2, 3, 5]], layout=torch.jagged)
+    ck2 = batch(4, 100)
+    ck2["score"] = torch.arange(4.0)
+    return {"ck1": (["k0", "k1", "k2", "k3", "k5"], ck1), "ck2": (keys(4, 100), ck2)}
+
+
+def _assert_checkpointed_rows() -> None:
+    for partition, (names, want) in _checkpointed_rows().items():
+        assert_same(tq.kv_batch_get(keys=names, partition_id=partition, select_fields=list(want.keys())), want)
+    with pytest.raises(ValueError):  # cleared before the save: gone
+        tq.kv_batch_get(keys=["k4"], partition_id="ck1")
+
+
+def test_checkpoint_round_trip_files_and_errors(tq_on_ray, tmp_path):
+    import pandas as pd
+
+    from arrow_dataproto.files import open_file
+
+    _checkpointed_puts()
+    tq.save_checkpoint(tmp_path / "ckpt")
+    folder = tmp_path / "ckpt" / "arrow_dataproto"
+    manifest = __import__("json").loads((folder / "manifest.json").read_text())
+    assert len(manifest["files"]) == 4  # the cleared put wrote nothing
+    first = folder / manifest["files"][0]["file"]
+    with open_file(first, verify=True) as reader:  # our files, checksummed, readable as any batch file
+        assert len(reader.read_batch(0)) == 5
+    assert len(pd.read_feather(first)) == 5
+    tq.kv_clear(keys=["k0", "k1", "k2", "k3", "k5"], partition_id="ck1")
+    tq.kv_batch_put(keys=keys(2), partition_id="ck1", fields=batch(2, 900))  # rows the load replaces
+    tq.load_checkpoint(tmp_path / "ckpt")
+    _assert_checkpointed_rows()
+    assert held(tq_on_ray) == 4
+
+    # a damaged file: the library's error naming it, nothing loaded (the rows stay as they were)
+    data = bytearray(first.read_bytes())
+    at = bytes(data).index(torch.arange(30, 36).numpy().tobytes())  # row k3's tokens
+    data[at + 9] ^= 0x01
+    first.write_bytes(bytes(data))
+    tq.kv_clear(keys=["k0"], partition_id="ck1")
+    with pytest.raises(backend.TransferQueueStorageError, match=r"00000\.arrow cannot be loaded") as e:
+        tq.load_checkpoint(tmp_path / "ckpt")
+    assert "nothing was loaded" in str(e.value)
+    assert_same(tq.kv_batch_get(keys=["k5"], partition_id="ck1", select_fields=["tokens"]),
+                TensorDict({"tokens": batch(6)["tokens"][5:]}, batch_size=[1]))
+    (folder / "manifest.json").write_text('{"format": "something else"}')
+    with pytest.raises(backend.TransferQueueStorageError, match="manifest.json is not this backend's manifest"):
+        tq.load_checkpoint(tmp_path / "ckpt")
+    (folder / "manifest.json").unlink()
+    with pytest.raises(backend.TransferQueueStorageError, match="manifest.json not found"):
+        tq.load_checkpoint(tmp_path / "ckpt")
+    tq.kv_clear(keys=["k1", "k2", "k3", "k5"], partition_id="ck1")
+    tq.kv_clear(keys=keys(4, 100), partition_id="ck2")
+    assert held(tq_on_ray) == 0
+
+
+def test_checkpoint_outlives_the_killed_process(tmp_path):
+    """The process that called tq.init() is SIGKILLed right after save_checkpoint; a new
+    process (a new Ray) loads the checkpoint and gets every row exact."""
+    import os
+    import signal
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*sys.path[:0], os.path.dirname(os.path.dirname(__file__)),
+                                                         os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+    saver = subprocess.Popen([sys.executable, __file__, "save", str(tmp_path / "ckpt")], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        line = ""
+        deadline = time.monotonic() + 240
+        while "saved" not in line and time.monotonic() < deadline and saver.poll() is None:
+            line = saver.stdout.readline()
+        assert "saved" in line, saver.stderr.read()[-3000:] if saver.poll() is not None else "no save in 240 s"
+        os.kill(saver.pid, signal.SIGKILL)
+        saver.wait(30)
+    finally:
+        try:
+            os.killpg(saver.pid, signal.SIGKILL)  # the Ray it started
+        except ProcessLookupError:
+            pass
+    out = subprocess.run([sys.executable, __file__, "load", str(tmp_path / "ckpt")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "loaded" in out.stdout, out.stderr[-3000:]
+
+
+def _child_ray() -> None:
+    ray.init(address="local", num_cpus=8, object_store_memory=512 * 1024**2, include_dashboard=False,
+             runtime_env=HOOK, configure_logging=False)
+
+
+def save_then_wait(path: str) -> None:
+    _child_ray()
+    tq.init(OmegaConf.create(CONFIG))
+    _checkpointed_puts()
+    tq.save_checkpoint(path)
+    print("saved", flush=True)
+    time.sleep(600)  # killed here
+
+
+def load_and_check(path: str) -> None:
+    _child_ray()
+    tq.init(OmegaConf.create(CONFIG))
+    tq.load_checkpoint(path)
+    _assert_checkpointed_rows()
+    tq.close()
+    print("loaded", flush=True)
+
+
 def test_setup_hook_is_cheap_and_registers():
     code = (
         "import sys; import arrow_dataproto.integrations as i; i.register_transfer_queue(); "
@@ -550,4 +674,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["save"]:
+        save_then_wait(sys.argv[2])
+    elif sys.argv[1:2] == ["load"]:
+        load_and_check(sys.argv[2])
+    else:
+        main()

@@ -63,11 +63,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import json
 import operator
+import os
 import threading
 import uuid
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -233,6 +236,54 @@ class Directory:
                     del self.cells[(partition, field)]
             for object_id, count in released.items():
                 self._drop(object_id, count)
+
+    def snapshot(self, owned: bool = False) -> list[tuple[str, Any, dict[str, list[tuple[int, int]]]]]:
+        """Every stored cell: ``[(partition, object ref, {field: [(row in the object, global index)]})]``,
+        one entry per object; with ``owned``, every object is this actor's own (as :meth:`locate`)."""
+        with self.lock:
+            held: dict[tuple[str, str], dict[str, list[tuple[int, int]]]] = {}
+            for (partition, field), cells in self.cells.items():
+                for index, (object_id, row) in cells.items():
+                    held.setdefault((partition, object_id), {}).setdefault(field, []).append((row, index))
+            copies = [self._copy(o) for _, o in held if owned and o in self.pinned]
+        for copy in copies:
+            copy.result()
+        with self.lock:
+            if any(o not in self.objects for _, o in held):
+                raise KeyError("rows were cleared while the checkpoint was being saved")
+            return [(p, self.objects[o][0], fields) for (p, o), fields in held.items()]
+
+    def restore(self, partition: str, object_id: str, refs: list, cells: dict[str, tuple[list[int], list[int]]]) -> None:
+        """Record object ``refs[0]`` (this actor's own: a checkpoint's rows put again) as the value
+        of each field's cells ``{field: (global indexes, rows in the object)}``."""
+        with self.lock:
+            count = 0
+            for field, (indexes, rows) in cells.items():
+                placed = dict(zip(indexes, zip(itertools.repeat(object_id), rows)))
+                stored = self.cells.setdefault((partition, field), {})
+                for old in filter(None, map(stored.get, placed)):
+                    self._drop(old[0], 1)
+                stored.update(placed)
+                count += len(placed)
+            if count:
+                self.objects[object_id] = [refs[0], count]
+
+    def load(self, folder: str, entries: list[dict]) -> None:
+        """Put the rows of every file of a checkpoint's manifest ``entries`` (checked first: any
+        file that cannot be loaded raises and changes nothing) as this actor's own objects, then
+        forget every row held and map the checkpoint's in their place."""
+        refs = [ray.put(_read_file(Path(folder), entry)) for entry in entries]
+        with self.lock:
+            self.cells.clear()
+            self.objects.clear()
+            self.pinned.clear()
+            self.copies.clear()
+            for entry, ref in zip(entries, refs):
+                indexes = entry["indexes"]
+                self.restore(entry["partition"], uuid.uuid4().hex, [ref], {
+                    field: (indexes, list(range(len(indexes)))) if at is None else ([indexes[i] for i in at], at)
+                    for field, at in entry["fields"].items()
+                })
 
     def held(self) -> int:
         """How many objects the directory keeps alive."""
@@ -564,6 +615,14 @@ class ArrowStorageManager(StorageManager):
                 None, self._call, "clear", "release", partition, indexes
             )
 
+    async def save_checkpoint(self, checkpoint_dir: str) -> None:
+        """Write every stored row into ``checkpoint_dir/arrow_dataproto/`` (see :func:`save_rows`)."""
+        await asyncio.get_running_loop().run_in_executor(None, save_rows, self, checkpoint_dir)
+
+    async def load_checkpoint(self, checkpoint_dir: str) -> None:
+        """Replace every stored row by those of ``checkpoint_dir/arrow_dataproto/`` (see :func:`load_rows`)."""
+        await asyncio.get_running_loop().run_in_executor(None, load_rows, self, checkpoint_dir)
+
     def close(self) -> None:
         """Close the controller sockets; in the process that started the directory, kill it (freeing its objects)."""
         handle = _created_here.pop(getattr(self, "directory_name", ""), None)
@@ -598,3 +657,149 @@ def _merge(pieces: list, asked: list[str], rows: int) -> dict:
         else:
             out[k] = _rows_of(joined, lambda t: _rows.take(t, inverse), rows)
     return out
+
+
+# ---------------------------------------------------------------- checkpoints: Arrow IPC files
+
+
+CHECKPOINT_FOLDER = NAME
+"""The folder of ``tq.save_checkpoint``'s directory that holds this backend's files."""
+
+MANIFEST = "manifest.json"
+"""The manifest in :data:`CHECKPOINT_FOLDER`: which file holds which rows and fields."""
+
+_FORMAT = "arrow_dataproto TransferQueue rows"
+
+
+def save_rows(manager: ArrowStorageManager, checkpoint_dir: str | os.PathLike) -> None:
+    """Write every stored row into ``checkpoint_dir/arrow_dataproto/``: one Arrow IPC file per
+    stored put (``00000.arrow``, ... : :func:`arrow_dataproto.files.open_file`, ``arrow-dataproto
+    inspect`` and ``pandas.read_feather`` open them), with checksums, and :data:`MANIFEST`
+    naming each file's partition, the global index of each of its rows and the rows that
+    hold each field (a field some of whose rows a later put replaced).
+
+    The bytes go from the object store to the file without another copy in memory: a put
+    whose rows are all stored (or one run of them) is written from views of its object; rows
+    cleared before the save are left out (a put with some of its rows cleared is written with
+    its stored rows only: one copy of those). Every file and the manifest are fsynced
+    (TransferQueue then renames the checkpoint into place). Raises
+    :class:`TransferQueueStorageError` if the directory is gone, and
+    :class:`~arrow_dataproto.errors.EncodeError` if a file cannot be written.
+    """
+    from ..files import write_file
+
+    folder = Path(checkpoint_dir) / CHECKPOINT_FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    entries = manager._call("save", "snapshot")
+    try:
+        objects = ray.get([ref for _, ref, _ in entries])
+    except ray.exceptions.ObjectLostError:  # a writer (or its node) gone: the directory's own copies
+        entries = manager._call("save", "snapshot", True)
+        objects = manager._fetch([ref for _, ref, _ in entries])
+    files = []
+    for number, ((partition, _, fields), dp) in enumerate(zip(entries, objects)):
+        index_of = {row: index for cells in fields.values() for row, index in cells}
+        rows = sorted(index_of)
+        if rows == list(range(rows[0], rows[0] + len(rows))):
+            part = dp if len(rows) == len(dp) else dp.slice(rows[0], rows[-1] + 1)  # views
+        else:
+            part = dp.select_idxs(rows)  # some rows cleared: one copy of those left
+        tensors = [k for k in (dp.batch.keys() if dp.batch is not None else []) if k in fields]
+        part = part.select(batch_keys=tensors, non_tensor_batch_keys=[k for k in dp.non_tensor_batch if k in fields])
+        position = {row: i for i, row in enumerate(rows)}
+        name = f"{number:05d}.arrow"
+        write_file(folder / name, part, checksums=True)
+        del part
+        _fsync(folder / name)
+        files.append({
+            "file": name,
+            "partition": partition,
+            "indexes": [index_of[r] for r in rows],
+            "fields": {
+                field: None if len(cells) == len(rows) else sorted(position[r] for r, _ in cells)
+                for field, cells in fields.items()
+            },
+        })
+    del objects
+    manifest = folder / MANIFEST
+    manifest.write_text(json.dumps({"format": _FORMAT, "version": 1, "files": files}))
+    _fsync(manifest)
+    _fsync(folder)
+
+
+def load_rows(manager: ArrowStorageManager, checkpoint_dir: str | os.PathLike) -> None:
+    """Replace every stored row by those :func:`save_rows` wrote into ``checkpoint_dir``.
+
+    Every file is read (memory-mapped) and checked against its checksums before anything
+    changes: a missing, damaged or foreign file raises :class:`TransferQueueStorageError`
+    naming it, and the stored rows stay as they were. Then each file's rows are put into
+    the object store (one copy, owned by the directory, so they outlive this process) and
+    the directory forgets the rows it held and maps the checkpoint's in their place.
+    """
+    folder = Path(checkpoint_dir) / CHECKPOINT_FOLDER
+    entries = _read_manifest(folder / MANIFEST)
+    manager._call("load", "load", str(folder), entries)
+
+
+def _read_file(folder: Path, entry: dict) -> DataProto:
+    """The rows of the manifest's ``entry``, memory-mapped and checked against their checksums
+    and the manifest (:class:`TransferQueueStorageError` naming the file)."""
+    from ..files import open_file
+
+    path = folder / entry["file"]
+    try:
+        with open_file(path, verify=True, allow_pickle=True) as reader:
+            if reader.num_batches != 1:
+                raise ValueError(f"{reader.num_batches} batches, a checkpoint's file holds one")
+            dp = reader.read_batch(0)
+    except (DataProtoError, OSError, ValueError) as e:
+        raise TransferQueueStorageError(
+            f"arrow_dataproto TransferQueue checkpoint: {path} cannot be loaded: {type(e).__name__}: {e}; "
+            "nothing was loaded"
+        ) from e
+    columns = set(dp.batch.keys() if dp.batch is not None else []) | set(dp.non_tensor_batch)
+    rows = len(entry["indexes"])
+    if len(dp) != rows or columns != set(entry["fields"]):
+        raise TransferQueueStorageError(
+            f"arrow_dataproto TransferQueue checkpoint: {path} holds {len(dp)} rows of {sorted(columns)}, "
+            f"{folder / MANIFEST} lists {rows} rows of {sorted(entry['fields'])}; nothing was loaded"
+        )
+    return dp
+
+
+def _read_manifest(manifest: Path) -> list[dict]:
+    """The manifest's file entries, checked (:class:`TransferQueueStorageError` naming it)."""
+    try:
+        content = json.loads(manifest.read_text())
+    except FileNotFoundError:
+        raise TransferQueueStorageError(
+            f"arrow_dataproto TransferQueue checkpoint: {manifest} not found: the checkpoint was not saved "
+            "with the arrow_dataproto backend (or with include_storage=False)"
+        ) from None
+    except (OSError, ValueError) as e:
+        raise TransferQueueStorageError(f"arrow_dataproto TransferQueue checkpoint: {manifest} cannot be read: {e}") from e
+    try:
+        if content.get("format") != _FORMAT or content.get("version") != 1:
+            raise ValueError(f"format {content.get('format')!r} version {content.get('version')!r}")
+        files = content["files"]
+        for entry in files:
+            if not (isinstance(entry["file"], str) and "/" not in entry["file"] and isinstance(entry["partition"], str)):
+                raise ValueError(f"entry {entry!r}")
+            if not all(isinstance(i, int) for i in entry["indexes"]) or not isinstance(entry["fields"], dict):
+                raise ValueError(f"entry {entry['file']!r}")
+            for at in entry["fields"].values():
+                if at is not None and not all(isinstance(i, int) and 0 <= i < len(entry["indexes"]) for i in at):
+                    raise ValueError(f"entry {entry['file']!r}: rows {at!r}")
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        raise TransferQueueStorageError(
+            f"arrow_dataproto TransferQueue checkpoint: {manifest} is not this backend's manifest: {e}"
+        ) from e
+    return files
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
