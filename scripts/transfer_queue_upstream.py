@@ -6,7 +6,9 @@
 mirror). The test files are read from its HEAD into a temporary folder (nothing is copied into
 this repository), with a ``conftest.py`` that registers our backend, adds it to each test
 module's ``BACKEND_CONFIGS`` and starts a bounded Ray first; ``TQ_TEST_BACKEND=arrow_dataproto``
-selects it. Run from the repository root with the venv that has ``arrow-dataproto[test]``.
+selects it; ``test_checkpoint_e2e.py`` (one module-wide SimpleStorage config, ``_TQ_CONFIG``) gets
+ours in its place, and its three tests of SimpleStorage's own checkpoint layout are deselected
+(``SIMPLE_STORAGE_ONLY``). Run from the repository root with the venv that has ``arrow-dataproto[test]``.
 """
 
 from __future__ import annotations
@@ -16,11 +18,16 @@ import subprocess
 import sys
 import tempfile
 
-TESTS = ["tests/e2e/test_kv_interface_e2e.py", "tests/e2e/test_e2e_lifecycle_consistency.py"]
+TESTS = [
+    "tests/e2e/test_kv_interface_e2e.py",
+    "tests/e2e/test_e2e_lifecycle_consistency.py",
+    "tests/e2e/test_checkpoint_e2e.py",
+]
 
 CONFTEST = '''
 import pytest
 import ray
+from omegaconf import OmegaConf
 
 import arrow_dataproto.integrations.transfer_queue  # registers the backend
 
@@ -34,10 +41,27 @@ def pytest_sessionstart(session):
     ray.init(num_cpus=2, object_store_memory=1024**3, include_dashboard=False, configure_logging=False)
 
 
-def pytest_collection_modifyitems(items):
+# test_checkpoint_e2e.py's tests of SimpleStorage itself: its checkpoint folder
+# (simple_storage/storage_unit_info.json), its storage-unit count, and its override of
+# include_storage=False (forced to True for an in-memory backend: ours saves nothing then, as
+# TransferQueue documents for other backends).
+SIMPLE_STORAGE_ONLY = (
+    "TestCheckpointRoundtrip::test_tensor_fields",
+    "TestIncludeStorageFalse::",
+    "TestCheckpointErrors::test_load_raises_on_storage_unit_count_mismatch",
+)
+
+
+def pytest_collection_modifyitems(config, items):
     for module in {item.module for item in items}:
         if hasattr(module, "BACKEND_CONFIGS"):
             module.BACKEND_CONFIGS["arrow_dataproto"] = CONFIG
+        if hasattr(module, "_TQ_CONFIG"):  # test_checkpoint_e2e.py: one config, SimpleStorage's
+            module._TQ_CONFIG = OmegaConf.create(CONFIG)
+    skipped = [item for item in items if any(name in item.nodeid for name in SIMPLE_STORAGE_ONLY)]
+    if skipped:
+        config.hook.pytest_deselected(items=skipped)
+        items[:] = [item for item in items if item not in skipped]
 
 
 def pytest_sessionfinish(session):
