@@ -53,9 +53,17 @@ Contract:
 - **errors**: a directory or object that is gone (its actor killed) raises
   :class:`TransferQueueStorageError` at once, never a hang.
 
+- **checkpoints** (``tq.save_checkpoint``, ``tq.load_checkpoint``): the stored rows as one
+  checksummed Arrow IPC file per stored put plus a manifest, in ``DIR/arrow_dataproto/``
+  (:func:`save_rows`, :func:`load_rows`); a load checks every file before it replaces the
+  stored rows, and raises :class:`TransferQueueStorageError` naming a damaged or foreign file.
+  ``docs/transfer_queue.md`` says how verl uses them and what a resume needs.
+
 The directory lives as long as the TransferQueue controller (both are owned by the process
 that called ``tq.init()`` first); ``tq.close()`` in that process kills it and frees
-everything it holds. Checkpoint hooks are not implemented (TransferQueue reports that).
+everything it holds. (``tq.close()`` still logs "close for _TQ_STORAGE with key
+arrow_dataproto is not supported for now": TransferQueue 0.1.11 closes only its own backends
+by name and offers no hook for others; the storage manager's ``close`` does the work.)
 """
 
 from __future__ import annotations
