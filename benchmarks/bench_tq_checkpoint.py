@@ -14,7 +14,9 @@ process, interleaved, with the rivals on the same bytes:
 Ratios are medians over the rival's median (higher = slower). Files go to ``--dir`` (default: a
 temporary folder under /tmp), so the numbers are this disk's and its page cache's.
 
-Run: ``python benchmarks/bench_tq_checkpoint.py [--quick] [--repeats N] [--dir DIR]``.
+Run: ``python benchmarks/bench_tq_checkpoint.py [--quick] [--repeats N] [--dir DIR]``; the report goes
+to ``benchmarks/results/transfer_queue_checkpoint.md`` (``--out``), and the runs kept are a section of
+``benchmarks/results/transfer_queue.md``.
 """
 
 from __future__ import annotations
