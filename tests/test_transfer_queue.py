@@ -321,7 +321,7 @@ def _three_puts() -> dict[str, TensorDict]:
 def _row(data: TensorDict, i: int) -> dict:
     return {
         "response": data["response"].unbind()[i].tolist(), "mask": data["mask"].unbind()[i].tolist(),
-        "score": data["score"][i].tolist(), "uid": data["uid"].tolist()[i],
+        "score": data["score"][i].tolist(), "uid": data.get("uid").tolist()[i],
     }
 
 
@@ -430,7 +430,7 @@ def test_a_field_tensor_in_one_put_and_non_tensor_in_another(tq_on_ray, tensor_f
     tq.kv_batch_put(keys=["k2", "k3"], partition_id=part, fields=second)
     got = tq.kv_batch_get(keys=["k3", "k0", "k2", "k1"], partition_id=part).get("v")
     assert isinstance(got, NonTensorStack)
-    want = {"k0": first["v"], "k1": first["v"], "k2": second["v"], "k3": second["v"]}
+    want = {"k0": first.get("v"), "k1": first.get("v"), "k2": second.get("v"), "k3": second.get("v")}
     for value, k, i in zip(got.tolist(), ["k3", "k0", "k2", "k1"], [1, 0, 0, 1]):
         expected = want[k][i] if isinstance(want[k], torch.Tensor) else want[k].tolist()[i]
         if isinstance(expected, torch.Tensor):
@@ -489,7 +489,7 @@ def test_no_object_held_once_every_key_is_cleared(tq_on_ray):
     tq.kv_clear(keys=["k0", "k1", "k4"], partition_id="count")
     assert held(tq_on_ray) == before + 2  # row 5: in the first and the fourth (its "extra" replaced the third's)
     got = tq.kv_batch_get(keys=["k5"], partition_id="count")
-    assert got["extra"].tolist() == [0.0] and got["uid"].tolist() == ["u5"]
+    assert got["extra"].tolist() == [0.0] and got.get("uid").tolist() == ["u5"]
     tq.kv_clear(keys=["k5"], partition_id="count")
     assert held(tq_on_ray) == before
 
@@ -509,10 +509,13 @@ def _checkpointed_puts() -> None:
 
 def _checkpointed_rows() -> dict[str, tuple[list[str], TensorDict]]:
     """What :func:`_checkpointed_puts` leaves stored."""
-    ck1 = batch(6)[[0, 1, 2, 3, 5]]
+    rows, six = [0, 1, 2, 3, 5], batch(6)
+    ck1 = TensorDict({
+        "tokens": six["tokens"][rows], "logp": six["logp"][rows], "flags": six["flags"][rows],
+        "response": torch.nested.nested_tensor([six["response"].unbind()[i] for i in rows], layout=torch.jagged),
+        "uid": NonTensorStack.from_list(["u0", "x1", "x2", "u3", "u5"]),
+    }, batch_size=[5])
     ck1["logp"][1:3] = 0.5
-    ck1["uid"] = NonTensorStack.from_list(["u0", "x1", "x2", "u3", "u5"])
-    ck1["response"] = torch.nested.nested_tensor([batch(6)["response"][i] for i in [0, 1, 2, 3, 5]], layout=torch.jagged)
     ck2 = batch(4, 100)
     ck2["score"] = torch.arange(4.0)
     return {"ck1": (["k0", "k1", "k2", "k3", "k5"], ck1), "ck2": (keys(4, 100), ck2)}
