@@ -43,14 +43,6 @@ LOAD, OPEN, OPEN_COPY = "tq.load_checkpoint", "files.open_file + read_batch (map
 CONFIG = {"backend": {"storage_backend": "arrow_dataproto", "arrow_dataproto": {}}}
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def main() -> None:
     def more(parser):
         parser.add_argument("--dir", help="where the files go (default: a temporary folder under /tmp)")
@@ -72,7 +64,8 @@ def main() -> None:
 
         def write_synced():
             files.write_file(synced, dp, checksums=True)
-            _fsync(synced)
+            with open(synced, "rb") as f:
+                os.fsync(f.fileno())
 
         def read_mapped():
             with files.open_file(plain) as reader:
