@@ -6,7 +6,7 @@ so code written against verl keeps working; pickling goes through the Arrow code
 (see :mod:`arrow_dataproto.pickling`). Every row operation works on dense
 tensors, jagged and strided ``torch.nested`` tensors and nested TensorDicts.
 
-Where verl's behaviour is a bug or a crash, the README's "verl API coverage"
+Where verl's behaviour is a bug or a crash, docs/verl.md's "verl API coverage"
 table lists what this class does instead; where ours was more general, the
 general behaviour stays available explicitly (:meth:`DataProto.array_split`,
 ``DataProto.concat(..., meta_info="update")``, a multi-dimensional batch through

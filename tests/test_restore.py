@@ -130,7 +130,7 @@ def test_hf_datasets_round_trip(written):
     datasets = pytest.importorskip("datasets", reason="HF datasets is not installed")
     path, stream, whole = written
     if not path.parent.name.startswith("portable"):
-        pytest.skip("HF datasets refuses the default file's extension types (README table)")
+        pytest.skip("HF datasets refuses the default file's extension types (the interop table of docs/files.md)")
     first = whole.non_tensor_batch["data_source"][0]
     ds = datasets.Dataset.from_file(str(stream)).filter(lambda row: row["data_source"] != first)
     ds = ds.sort("uid", reverse=True).select_columns(KEEP)
