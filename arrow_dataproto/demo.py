@@ -25,6 +25,7 @@ from typing import Any, Callable, TypeVar
 import torch
 
 from . import DataProto, from_ipc, receive_options, to_arrow, to_ipc
+from ._optional import install_line
 from .files import open_file, write_file
 from .testing.samples import nbytes, ppo_batch
 
@@ -89,7 +90,7 @@ def _ray_round_trip(data: DataProto, tensor_bytes: int, repeats: int) -> None:
     try:
         import ray
     except ImportError:
-        print("  ray is not installed: skipping the actor round trip (pip install 'arrow-dataproto[ray]')")
+        print(f"  ray is not installed: skipping the actor round trip ({install_line('ray')})")
         return
 
     @ray.remote

@@ -81,6 +81,12 @@ class OptionError(DataProtoError, ValueError):
     other than ``True``/``False``/``"on_write"``, a device this process lacks, no actors."""
 
 
+class MissingDependencyError(DataProtoError, ModuleNotFoundError):
+    """An optional package that a feature needs is not installed. The message names the
+    missing module, the extra of arrow-dataproto that brings it and an install line;
+    ``name`` is the missing module."""
+
+
 _Error = TypeVar("_Error", bound=DataProtoError)
 
 
