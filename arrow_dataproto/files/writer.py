@@ -10,7 +10,7 @@ import os
 import secrets
 import warnings
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -20,7 +20,7 @@ from .._format import CHECKSUMS, COMPRESSION, COMPRESSIONS, META_INFO_ENCODING, 
 from .._meta_info import pickled_meta_keys
 from .._objects import decode_column
 from .._progress import progress_bar
-from ..errors import DataProtoError, EncodeError, SchemaMismatchError
+from ..errors import ArgumentTypeError, DataProtoError, EncodeError, SchemaMismatchError
 from .evolution import conform, evolve, rewritten, schema_difference, unified_schema
 
 
@@ -358,11 +358,18 @@ class FileWriter:
 
 
 def _as_batches(data: Any) -> Iterable[Any]:
-    """A single DataProto (ours or verl's) or TensorDict as a one-item list; other iterables as they are."""
+    """A single DataProto (ours or verl's) or TensorDict as a one-item list; other iterables
+    (of them) as they are. :class:`ArgumentTypeError` naming the type given for anything else
+    (a dict of tensors included: it is not a batch)."""
     from tensordict import is_tensor_collection
 
     if is_tensor_collection(data) or hasattr(data, "non_tensor_batch"):
         return [data]
+    if isinstance(data, (Mapping, str, bytes)) or not isinstance(data, Iterable):
+        hint = " (a dict of tensors: DataProto.from_dict(it) or TensorDict(it, batch_size=[rows]))" if isinstance(data, Mapping) else ""
+        raise ArgumentTypeError(
+            f"write_file takes a DataProto, a TensorDict or an iterable of them, got {type(data).__name__}{hint}"
+        )
     return data
 
 
