@@ -9,7 +9,7 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
-from .errors import ArgumentTypeError, BatchError, KeyNotFoundError, RowIndexError
+from .errors import ArgumentTypeError, BatchError, KeyNotFoundError, RowIndexError, not_found
 
 
 def object_array(values: Any) -> np.ndarray:
@@ -63,7 +63,7 @@ def pick_keys(values: dict, keys: Iterable[str] | None, name: str) -> dict:
     keys = list(keys)
     missing = [k for k in keys if k not in values]
     if missing:
-        raise KeyNotFoundError(f"{name} keys {missing} not found")
+        raise not_found(KeyNotFoundError, f"{name} key", missing, "this DataProto", values)
     return {k: v for k, v in values.items() if k in keys}
 
 

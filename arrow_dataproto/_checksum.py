@@ -12,7 +12,7 @@ values occupy, so that it does not depend on padding, on slicing or on whether
 the file is compressed: a validity bitmap (only if the column has nulls, as the
 bits of its rows), the values of a fixed-width column, the offsets of a list or
 string column rebased to 0 and the bytes they cover; children recursively.
-Needs the ``xxhash`` package (``pip install 'arrow-dataproto[integrity]'``).
+Needs the ``xxhash`` package (the ``integrity`` extra; without it, a :class:`~arrow_dataproto.errors.MissingDependencyError`).
 
 Since format 1.3 the record also covers what lies outside the buffers, so that any
 single changed byte of a checksummed file is either detected or changes nothing a reader
@@ -35,17 +35,14 @@ from typing import Iterator, Mapping
 import numpy as np
 import pyarrow as pa
 
+from ._optional import require
 from .errors import DecodeError, EncodeError
 
 ALGORITHM = "xxh3_64"
 
 
 def _hasher():
-    try:
-        import xxhash
-    except ImportError:
-        raise EncodeError("checksums need the xxhash package: pip install 'arrow-dataproto[integrity]'") from None
-    return xxhash.xxh3_64_hexdigest
+    return require("xxhash", "checksumming a file").xxh3_64_hexdigest
 
 
 def _offsets(array: pa.Array, width: int) -> np.ndarray:

@@ -40,13 +40,14 @@ from ._format import (
     check_schema,
     columns_of,
     is_foreign,
+    newer_version_rule,
     repeated,
     schema_metadata,
 )
-from ._ipc import extension_errors
+from ._ipc import MAGIC, extension_errors
 from ._tensors import decode_tensor, encode_tensor
 from ._validate import validate_arrow
-from .errors import ColumnNotFoundError, DecodeError, EncodeError, column_error
+from .errors import ColumnNotFoundError, DecodeError, EncodeError, OptionError, column_error, not_found
 
 
 class Parts(NamedTuple):
@@ -189,6 +190,26 @@ def to_ipc(data: Any, *, compression: str | None = None) -> pa.Buffer:
 # ---------------------------------------------------------------- decode
 
 
+def check_device(device: str | torch.device) -> torch.device:
+    """:class:`OptionError` unless ``device`` names a device of this process (``cpu``
+    and ``meta`` always do; ``cuda:1`` needs two CUDA devices); the parsed device. The one check
+    of a device asked for: receive options and every decode's ``device=``."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise OptionError(f"device {device!r} is not a torch device: {e}") from None
+    if parsed.type in ("cpu", "meta"):
+        return parsed
+    backend = getattr(torch, parsed.type, None)
+    available = getattr(backend, "is_available", None)
+    if available is None or not available():
+        raise OptionError(f"device {device!r}: this process has no {parsed.type} device")
+    count = getattr(backend, "device_count", None)
+    if parsed.index is not None and count is not None and parsed.index >= count():
+        raise OptionError(f"device {device!r}: this process has {count()} {parsed.type} device(s)")
+    return parsed
+
+
 @lru_cache(maxsize=None)
 def device_available(device: str) -> bool:
     """Whether this process can hold tensors on ``device`` (``"cuda:1"``...)."""
@@ -202,7 +223,7 @@ class Placement:
     """Where decoded tensors go: ``device=`` if given, else the recorded device, else the CPU (one warning)."""
 
     def __init__(self, override: str | torch.device | None):
-        self.override = None if override is None else torch.device(override)
+        self.override = None if override is None else check_device(override)
         self.missing: set[str] = set()
 
     def __call__(self, recorded: str | None) -> torch.device | None:
@@ -283,7 +304,7 @@ def _narrowed(record_batch: pa.RecordBatch, columns: Iterable[str] | None, rows:
         names = record_batch.schema.names
         missing = sorted(keep - set(names))
         if missing:
-            raise ColumnNotFoundError(f"no column {missing} in the batch; columns: {names}")
+            raise not_found(ColumnNotFoundError, "column", missing, "the batch", names)
         if len(keep) < len(names):
             record_batch = record_batch.select([i for i, n in enumerate(names) if n in keep])
     if rows is not None:
@@ -359,59 +380,60 @@ def decode(
             record_batch = _foreign.adopt(record_batch)
         columns = rows = None
     metadata = check_schema(record_batch.schema)
-    tree = Node.parse(metadata)
-    record_batch = _narrowed(record_batch, columns, rows)
-    if tree is not None:
-        if columns is not None:
-            tree = tree.select(set(columns))
-        tree = tree.with_rows(record_batch.num_rows)
+    with newer_version_rule(metadata):  # what this reader does not know, in a newer minor version
+        tree = Node.parse(metadata)
+        record_batch = _narrowed(record_batch, columns, rows)
+        if tree is not None:
+            if columns is not None:
+                tree = tree.select(set(columns))
+            tree = tree.with_rows(record_batch.num_rows)
 
-    leaf_names = [] if tree is None else tree.leaf_names()
-    names = record_batch.schema.names
-    if tree is not None and columns is None:
-        record_batch, tree = _present(record_batch, tree)
-        leaf_names, names = tree.leaf_names(), record_batch.schema.names
-    if len(leaf_names) > record_batch.num_columns:
-        raise DecodeError(f"the tree names {len(leaf_names)} tensor columns, the batch has {record_batch.num_columns}")
-    if names[: len(leaf_names)] != leaf_names:
-        raise DecodeError(f"the tensor columns {names[:len(leaf_names)]} are not the tree's leaves {leaf_names}")
-    if not validated:  # a batch narrowed (select, slice) after validation stays valid
-        validate_arrow(record_batch)
-    record_batch = _portable.from_portable(record_batch)  # a portable batch: back to the stored types
-    placement = Placement(device)
-    fields = record_batch.schema
-    parsed = columns_of(fields)
+        leaf_names = [] if tree is None else tree.leaf_names()
+        names = record_batch.schema.names
+        if tree is not None and columns is None:
+            record_batch, tree = _present(record_batch, tree)
+            leaf_names, names = tree.leaf_names(), record_batch.schema.names
+        if len(leaf_names) > record_batch.num_columns:
+            raise DecodeError(f"the tree names {len(leaf_names)} tensor columns, the batch has {record_batch.num_columns}")
+        if names[: len(leaf_names)] != leaf_names:
+            raise DecodeError(f"the tensor columns {names[:len(leaf_names)]} are not the tree's leaves {leaf_names}")
+        if not validated:  # a batch narrowed (select, slice) after validation stays valid
+            validate_arrow(record_batch)
+        record_batch = _portable.from_portable(record_batch)  # a portable batch: back to the stored types
+        placement = Placement(device)
+        fields = record_batch.schema
+        parsed = columns_of(fields)
 
-    tensors, specs = [], []
-    for i, name in enumerate(leaf_names):
-        spec = parsed.tensor_spec(i)
-        specs.append(spec)
-        tensor = decode_tensor(name, record_batch.column(i), spec)
-        target = placement(spec.device)
-        if target is not None and target.type != "cpu":
-            tensor = tensor.to(target)
-        elif copy and _jagged.is_jagged(tensor):  # its clone() shares the offsets
-            tensor = _jagged.clone(tensor)
-        elif copy:
-            tensor = tensor.clone()
-        tensors.append(tensor)
+        tensors, specs = [], []
+        for i, name in enumerate(leaf_names):
+            spec = parsed.tensor_spec(i)
+            specs.append(spec)
+            tensor = decode_tensor(name, record_batch.column(i), spec)
+            target = placement(spec.device)
+            if target is not None and target.type != "cpu":
+                tensor = tensor.to(target)
+            elif copy and _jagged.is_jagged(tensor):  # its clone() shares the offsets
+                tensor = _jagged.clone(tensor)
+            elif copy:
+                tensor = tensor.clone()
+            tensors.append(tensor)
 
-    non_tensor = {}
-    for i in range(len(leaf_names), record_batch.num_columns):
-        name = fields[i].name
-        field_metadata = parsed.metadata[i]
-        if foreign and KIND not in field_metadata:
-            values = _foreign.decode_column(name, record_batch.column(i))
-        else:
-            values = _objects.decode_column(name, record_batch.column(i), field_metadata, allow_pickle=allow_pickle)
-        non_tensor[name] = values.copy() if copy and values.dtype != object else values
-    if not meta_info:
-        metadata = {k: v for k, v in metadata.items() if k not in (META_INFO, META_INFO_ENCODING)}
-    decoded_meta_info = _meta_info.decode_meta_info(metadata, allow_pickle=allow_pickle)
+        non_tensor = {}
+        for i in range(len(leaf_names), record_batch.num_columns):
+            name = fields[i].name
+            field_metadata = parsed.metadata[i]
+            if foreign and KIND not in field_metadata:
+                values = _foreign.decode_column(name, record_batch.column(i))
+            else:
+                values = _objects.decode_column(name, record_batch.column(i), field_metadata, allow_pickle=allow_pickle)
+            non_tensor[name] = values.copy() if copy and values.dtype != object else values
+        if not meta_info:
+            metadata = {k: v for k, v in metadata.items() if k not in (META_INFO, META_INFO_ENCODING)}
+        decoded_meta_info = _meta_info.decode_meta_info(metadata, allow_pickle=allow_pickle)
 
-    _share_offsets(leaf_names, specs, tensors)
-    batch = None if tree is None else _unflatten(tree, iter(tensors), placement)
-    placement.warn()
+        _share_offsets(leaf_names, specs, tensors)
+        batch = None if tree is None else _unflatten(tree, iter(tensors), placement)
+        placement.warn()
     return Parts(batch, non_tensor, decoded_meta_info)
 
 
@@ -445,6 +467,11 @@ def read_stream(buffer: Any, max_decoded_bytes: _limits.MaxDecoded = "auto") -> 
         source = buffer if isinstance(buffer, pa.Buffer) else pa.py_buffer(buffer)
     except (BufferError, TypeError, ValueError) as e:  # a non-contiguous memoryview, not bytes-like
         raise DecodeError(f"not a readable Arrow IPC stream: {type(e).__name__}: {e}") from e
+    if source.size >= len(MAGIC) and source.slice(0, len(MAGIC)).to_pybytes() == MAGIC:
+        raise DecodeError(
+            "not an Arrow IPC stream but an Arrow IPC file (it starts with the file magic ARROW1): "
+            "read it with arrow_dataproto.files.read_file(path) or files.open_file(path)"
+        )
     allowed = _limits.limit(max_decoded_bytes, source.size)
     with extension_errors("not a readable Arrow IPC stream"):
         try:

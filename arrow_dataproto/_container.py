@@ -6,7 +6,7 @@ so code written against verl keeps working; pickling goes through the Arrow code
 (see :mod:`arrow_dataproto.pickling`). Every row operation works on dense
 tensors, jagged and strided ``torch.nested`` tensors and nested TensorDicts.
 
-Where verl's behaviour is a bug or a crash, the README's "verl API coverage"
+Where verl's behaviour is a bug or a crash, docs/verl.md's "verl API coverage"
 table lists what this class does instead; where ours was more general, the
 general behaviour stays available explicitly (:meth:`DataProto.array_split`,
 ``DataProto.concat(..., meta_info="update")``, a multi-dimensional batch through
@@ -28,7 +28,7 @@ from tensordict import TensorDict, is_tensor_collection
 from . import _rows as rows
 from ._arguments import index_tensor, key_list, object_array, pick_keys, positive_int
 from ._verl_rules import AUTO_PADDING_KEY, META_INFO_MERGES, DataProtoConfig, balanced_sizes, check_union, chunk_sizes, type_info
-from .errors import ArgumentTypeError, BatchError, KeyNotFoundError, PickleNotAllowedError, RowIndexError
+from .errors import ArgumentTypeError, BatchError, KeyNotFoundError, PickleNotAllowedError, RowIndexError, not_found
 
 @dataclass
 class DataProtoItem:
@@ -410,12 +410,11 @@ class DataProto:
         batch = self.batch
         if batch_keys is not None:
             batch_keys = list(batch_keys)
-            if batch is None and batch_keys:
-                raise KeyNotFoundError(f"batch keys {batch_keys}: this DataProto has no batch")
-            try:
-                batch = None if batch is None else batch.select(*batch_keys)
-            except KeyError as e:
-                raise KeyNotFoundError(f"batch key not found: {e}") from e
+            present = [] if batch is None else list(batch.keys(include_nested=True))
+            missing = [k for k in batch_keys if k not in present]
+            if missing:
+                raise not_found(KeyNotFoundError, "batch key", missing, "this DataProto", present)
+            batch = None if batch is None else batch.select(*batch_keys)
         non_tensor = pick_keys(self.non_tensor_batch, non_tensor_batch_keys, "non_tensor_batch")
         meta_info = pick_keys(self.meta_info, meta_info_keys, "meta_info")
         result = type(self)(batch, non_tensor, meta_info)
@@ -439,9 +438,11 @@ class DataProto:
             "non_tensor_batch": [k for k in non_tensor_keys if k not in self.non_tensor_batch],
             "meta_info": [k for k in meta_keys if k not in self.meta_info],
         }
+        present = {"batch": [] if self.batch is None else list(self.batch.keys(include_nested=True)),
+                   "non_tensor_batch": list(self.non_tensor_batch), "meta_info": list(self.meta_info)}
         for name, absent in missing.items():
             if absent:
-                raise KeyNotFoundError(f"{name} keys {absent} not found")
+                raise not_found(KeyNotFoundError, f"{name} key", absent, "this DataProto", present[name])
         batch = None
         if batch_keys and self.batch is not None:  # (not None: the keys were found in it)
             batch = TensorDict({k: self.batch.pop(k) for k in batch_keys}, batch_size=self.batch.batch_size, device=self.batch.device)
@@ -460,7 +461,7 @@ class DataProto:
             raise BatchError(f"new_keys and old_keys must have the same length, but got {len(new_keys)} and {len(old_keys)}")
         missing = [k for k in old_keys if self.batch is None or k not in self.batch.keys()]
         if missing:
-            raise KeyNotFoundError(f"batch keys {missing} not found")
+            raise not_found(KeyNotFoundError, "batch key", missing, "this DataProto", [] if self.batch is None else list(self.batch.keys()))
         if self.batch is not None:  # (None: then there are no keys to rename)
             for old, new in zip(old_keys, new_keys):
                 self.batch.rename_key_(old, new)

@@ -61,7 +61,8 @@ def from_arrow(
     RecordBatch's buffers, so they are only as writable as that memory, and
     writes show in every other view of it. ``copy=True`` gives tensors that own
     their memory. ``device`` (like ``map_location``) places every tensor there
-    (one copy each); otherwise each goes to its recorded device, or to the CPU
+    (one copy each; a device this process lacks is an :class:`OptionError`, as in
+    ``receive_options``); otherwise each goes to its recorded device, or to the CPU
     with one ``RuntimeWarning`` if this process lacks it. ``columns`` decodes
     only those columns (a nested TensorDict's name selects all its leaves;
     :class:`ColumnNotFoundError` for an unknown name); the others are not read.
@@ -70,7 +71,8 @@ def from_arrow(
     :class:`PickleNotAllowedError` unless ``allow_pickle=True``: only allow
     pickles from a trusted source. Every length, offset and shape is checked
     against the buffers before a tensor is built; a malformed batch raises
-    :class:`DecodeError`, an unknown major version :class:`FormatVersionError`.
+    :class:`DecodeError`; another major version, or content a newer minor version
+    wrote that this reader does not know, :class:`FormatVersionError`.
     """
     record_batch = as_record_batch(record_batch)
     if columns is not None:
@@ -109,6 +111,8 @@ def from_ipc(
     whichever is larger; an int: that many bytes; ``None``: no limit), checked from the
     message headers before anything is decompressed (:class:`DecodeError` beyond it).
     ``schema``: the original schema of another tool's stream, as in :func:`from_arrow`.
+    An Arrow IPC *file* (``files.write_file``'s) is a :class:`DecodeError` that says so:
+    read it with :func:`arrow_dataproto.files.read_file`.
     """
     batches = read_stream(buffer, max_decoded_bytes)
     if len(batches) > 1 and is_foreign(batches[0].schema):  # one rule over all the rows

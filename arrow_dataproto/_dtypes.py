@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import torch
 
-from .errors import DecodeError, EncodeError
+from .errors import DecodeError, EncodeError, UnknownContentError
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def dtype_from_name(name: str, column: str) -> torch.dtype:
     try:
         return _BY_NAME[name]
     except KeyError:
-        raise DecodeError(f"column {column!r}: unknown or unsupported torch dtype {name!r}") from None
+        raise UnknownContentError(f"column {column!r}: unknown or unsupported torch dtype {name!r}") from None
 
 
 def shown_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -11,6 +11,9 @@ tools", says the same):
 Arrow column                                              DataProto
 ========================================================  ==========================
 integer, float (``float16`` too), ``bool``, ``bool8``     ``batch``: 1-D tensor ``[B]``
+a struct of such columns (at every level, no null), in a  ``batch``: nested TensorDict
+table whose every column is a tensor by this rule (what   (its leaves named by their
+``tensordict.to_arrow`` writes)                           key paths joined with ``.``)
 ``fixed_size_list`` (nested: one dimension per level),    ``batch``: dense tensor
 ``arrow.fixed_shape_tensor``, Ray Data's tensor types,    ``[B, d1..dn]``
 lists (``list``, ``large_list``, ``list_view``) whose
@@ -22,7 +25,7 @@ numeric lists whose outermost lists vary in length        ``batch``: jagged
                                                           kind: strict JSON, no NaN)
 timestamp, date, duration                                 ``non_tensor_batch``:
                                                           ``datetime64``/``timedelta64``
-everything else: strings, binaries, structs, maps,        ``non_tensor_batch``: object
+everything else: strings, binaries, other structs, maps,  ``non_tensor_batch``: object
 lists of non-numbers, lists ragged at more than the       array of Python values
 outermost level, dictionary-encoded columns (decoded),    (``None`` for a null)
 decimals, times of day, unions
@@ -64,6 +67,7 @@ from ._format import (
     ArraySpec,
     KIND,
     TENSOR_KINDS,
+    Entry,
     Node,
     TensorSpec,
     schema_metadata,
@@ -105,12 +109,25 @@ def adopt(record_batch: pa.RecordBatch) -> pa.RecordBatch:
         raise DecodeError(f"columns {duplicates}: two columns of one name; select or rename them first")
     tensors: list[tuple[pa.Field, pa.Array]] = []
     others: list[tuple[pa.Field, pa.Array]] = []
+    entries: list[Entry] = []  # the root TensorDict's, in column order
+    columns = []
     for field, array in zip(record_batch.schema, record_batch.columns):
         kind = text_metadata(field.metadata).get(KIND)
+        nested = None if kind is not None else _nested(field.name, array, "", set(names))
+        adopted = None if kind in ARRAY_KINDS or kind in TENSOR_KINDS or nested is not None else _tensor(field, array)
+        columns.append((field, array, kind, adopted, nested))
+    # structs are nested TensorDicts only in a table of tensors alone (tensordict.to_arrow's)
+    all_tensors = all(kind in TENSOR_KINDS or adopted or nested for _, _, kind, adopted, nested in columns)
+    for field, array, kind, adopted, nested in columns:
         if kind in TENSOR_KINDS:
             tensors.append((field, array))
+            entries.append(field.name)
             continue
-        adopted = None if kind in ARRAY_KINDS else _tensor(field, array)
+        if nested is not None and all_tensors:
+            node, leaves = nested
+            tensors += leaves
+            entries.append(node)
+            continue
         if adopted is None and kind is None and _is_json_text(array.type):
             # arrow.json over string: our json kind, so its strict decoder reads it (no NaN)
             if array.type.storage_type == pa.string_view():
@@ -122,7 +139,8 @@ def adopt(record_batch: pa.RecordBatch) -> pa.RecordBatch:
         else:
             values, spec = adopted
             tensors.append((pa.field(field.name, values.type, nullable=False, metadata=spec.metadata()), values))
-    tree = Node("", (record_batch.num_rows,), None, tuple(f.name for f, _ in tensors))
+            entries.append(field.name)
+    tree = Node("", (record_batch.num_rows,), None, tuple(entries))
     metadata = schema_metadata(tree, {})
     fields = [f for f, _ in tensors + others]
     arrays = [a for _, a in tensors + others]
@@ -133,6 +151,36 @@ def adopt(record_batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 # ---------------------------------------------------------------- tensor columns
+
+
+def _nested(key: str, array: pa.Array, prefix: str, taken: set[str]) -> tuple[Node, list[tuple[pa.Field, pa.Array]]] | None:
+    """A struct column whose every field, at every level, is a tensor by the rule (and holds
+    no null), as a nested TensorDict: its :class:`Node` and its leaf columns, named by their
+    key paths joined with ``.`` (``tensordict.to_arrow`` writes a nested TensorDict so). None
+    for any other column, and where a leaf's name is already a column's (``taken``)."""
+    if not pa.types.is_struct(array.type) or array.null_count or not array.type.num_fields:
+        return None
+    entries: list[Entry] = []
+    leaves: list[tuple[pa.Field, pa.Array]] = []
+    for i in range(array.type.num_fields):
+        child_field, child = array.type.field(i), array.field(i)
+        name = f"{prefix}{key}.{child_field.name}"
+        if name in taken or "." in child_field.name:
+            return None
+        sub = _nested(child_field.name, child, f"{prefix}{key}.", taken)
+        if sub is not None:
+            entries.append(sub[0])
+            leaves += sub[1]
+            continue
+        if child.null_count:
+            return None
+        adopted = _tensor(pa.field(name, child_field.type), child)
+        if adopted is None:
+            return None
+        values, spec = adopted
+        leaves.append((pa.field(name, values.type, nullable=False, metadata=spec.metadata()), values))
+        entries.append(child_field.name)
+    return Node(key, (len(array),), None, tuple(entries)), leaves
 
 
 def _tensor(field: pa.Field, array: pa.Array) -> tuple[pa.Array, TensorSpec] | None:

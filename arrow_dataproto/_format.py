@@ -17,6 +17,7 @@ Nothing here touches tensor bytes. Malformed metadata raises
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -24,12 +25,12 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Union
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Union
 
 import numpy as np
 import pyarrow as pa
 
-from .errors import ColumnNotFoundError, DecodeError, EncodeError, FormatVersionError, column_error
+from .errors import ColumnNotFoundError, DecodeError, EncodeError, FormatVersionError, UnknownContentError, column_error, not_found
 
 if TYPE_CHECKING:
     import torch
@@ -119,6 +120,32 @@ def version_text() -> str:
     return "%d.%d" % FORMAT_VERSION
 
 
+def newer_minor(metadata: Mapping[str, str]) -> str | None:
+    """The payload's format version (``adp.version`` of its schema metadata) if its minor
+    version is newer than this reader's, else None."""
+    version = metadata.get(VERSION, "")
+    major, _, minor = version.partition(".")
+    if major == str(FORMAT_VERSION[0]) and minor.isdigit() and int(minor) > FORMAT_VERSION[1]:
+        return version
+    return None
+
+
+@contextlib.contextmanager
+def newer_version_rule(metadata: Mapping[str, str]) -> Iterator[None]:
+    """Inside: an :class:`UnknownContentError` in a payload whose minor format version is newer
+    than this reader's is raised as :class:`FormatVersionError` naming both versions."""
+    try:
+        yield
+    except UnknownContentError as e:
+        version = newer_minor(metadata)
+        if version is None:
+            raise
+        raise FormatVersionError(
+            f"{e}: the payload was written by format version {version}, newer than {version_text()}, "
+            f"the newest this version of arrow-dataproto reads; upgrade arrow-dataproto to read it"
+        ) from e
+
+
 def text_metadata(metadata: Mapping[Any, Any] | None) -> dict[str, str]:
     """Arrow key-value metadata (bytes or str) as ``str -> str``; bad UTF-8 is replaced, not raised."""
 
@@ -154,7 +181,8 @@ def check_schema(schema: pa.Schema) -> dict[str, str]:
             f"format version {version} is not readable by this version of arrow-dataproto, "
             f"which reads {FORMAT_VERSION[0]}.x"
         )
-    columns_of(schema)  # the fields' own checks
+    with newer_version_rule(metadata):
+        columns_of(schema)  # the fields' own checks
     return metadata
 
 
@@ -400,7 +428,7 @@ def resolve_columns(names: list[str], wanted: Iterable[str] | str, where: str) -
         if not matched:
             unknown.append(name)
     if unknown:
-        raise ColumnNotFoundError(f"no column {unknown} in {where}; columns: {names}")
+        raise not_found(ColumnNotFoundError, "column", unknown, where, names)
     return [n for n in names if n in keep]
 
 
@@ -437,11 +465,13 @@ class TensorSpec:
             shape = json.loads(meta[SHAPE])
         except KeyError as e:
             raise column_error(DecodeError, name, f"missing metadata key {e.args[0]!r}") from None
+        except UnknownContentError:
+            raise
         except (ValueError, RecursionError) as e:  # RecursionError: nested too deep
             raise column_error(DecodeError, name, f"malformed shape metadata: {e!r}") from None
         check = _SHAPE_RULES.get(kind)
         if check is None:
-            raise column_error(DecodeError, name, f"unknown column kind {kind[:40]!r}")
+            raise column_error(UnknownContentError, name, f"unknown column kind {kind[:40]!r}")
         try:
             if not isinstance(shape, list):
                 raise DecodeError(f"malformed shape metadata {meta[SHAPE][:200]!r}")

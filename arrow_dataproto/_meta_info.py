@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from ._format import META_INFO, META_INFO_ENCODING
 from ._json import JSON_DECODER, same
-from .errors import PICKLE_REFUSED, DecodeError, EncodeError, PickleNotAllowedError
+from .errors import PICKLE_REFUSED, DecodeError, EncodeError, PickleNotAllowedError, UnknownContentError
 
 
 TENSOR_TAG = "adp.tensor"
@@ -206,8 +206,10 @@ def decode_meta_info(metadata: dict[str, str], *, allow_pickle: bool) -> dict:
     encoding, payload = metadata.get(META_INFO_ENCODING), metadata.get(META_INFO)
     if encoding is None and payload is None:
         return {}
-    if encoding not in _META_INFO_LOADERS or payload is None:
-        raise DecodeError(f"bad meta_info entries: {META_INFO_ENCODING}={encoding!r}")
+    if encoding is not None and encoding not in _META_INFO_LOADERS:
+        raise UnknownContentError(f"meta_info: unknown encoding {META_INFO_ENCODING}={encoding[:40]!r}")
+    if encoding is None or payload is None:
+        raise DecodeError(f"bad meta_info entries: {META_INFO_ENCODING}={encoding!r}, {META_INFO} {'missing' if payload is None else 'present'}")
     if encoding == "pickle" and not allow_pickle:
         raise PickleNotAllowedError(f"meta_info{_refused_keys(payload)} {PICKLE_REFUSED}")
     try:

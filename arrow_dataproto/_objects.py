@@ -63,9 +63,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import _limits
-from ._format import ARRAY_KINDS, KIND, MAX_NESTING, ArraySpec, text_metadata
+from ._format import ARRAY_KINDS, KIND, MAX_NESTING, TENSOR_KINDS, ArraySpec, text_metadata
 from ._json import JSON_TYPES, census, json_texts, load_json_column, same
-from .errors import PICKLE_REFUSED, DecodeError, EncodeError, PickleNotAllowedError, column_error
+from .errors import PICKLE_REFUSED, DecodeError, EncodeError, PickleNotAllowedError, UnknownContentError, column_error
 
 NUMERIC, STRING, OBJECT, JSON, PICKLE = ARRAY_KINDS
 
@@ -615,7 +615,8 @@ def decode_column(
     kind_name = metadata.get(KIND)
     kind = KINDS.get(kind_name or "")
     if kind is None:
-        raise column_error(DecodeError, name, f"missing or unknown {KIND}: {kind_name!r}")
+        error = DecodeError if kind_name is None or kind_name in TENSOR_KINDS else UnknownContentError
+        raise column_error(error, name, f"missing or unknown {KIND}: {kind_name!r}")
     if kind is Pickle and not allow_pickle:
         raise column_error(PickleNotAllowedError, name, PICKLE_REFUSED)
     try:

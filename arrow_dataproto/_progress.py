@@ -1,12 +1,14 @@
-"""Progress bars: tqdm's when it is installed and wanted, else a silent stand-in with the same methods."""
+"""Progress bars: tqdm's when wanted (the ``progress`` extra), else a silent stand-in with the same methods."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from ._optional import require
+
 
 class _Silent:
-    """Stands in for a tqdm bar when progress is off or tqdm is not installed."""
+    """Stands in for a tqdm bar when progress is off."""
 
     def update(self, n: int = 1) -> None:
         pass
@@ -26,12 +28,9 @@ class _Silent:
 
 
 def progress_bar(enabled: bool, **kwargs: Any) -> Any:
-    """A ``tqdm.auto.tqdm(**kwargs)`` bar if ``enabled`` and tqdm is installed, else a silent
-    stand-in with the same ``update``/``close``/``write`` methods and context manager."""
+    """A ``tqdm.auto.tqdm(**kwargs)`` bar if ``enabled``, else a silent stand-in with the same
+    ``update``/``close``/``write`` methods and context manager. Enabled without tqdm installed:
+    :class:`~arrow_dataproto.errors.MissingDependencyError` (the ``progress`` extra)."""
     if enabled:
-        try:
-            from tqdm.auto import tqdm
-        except ImportError:
-            return _Silent()
-        return tqdm(**kwargs)
+        return require("tqdm.auto", "progress=True").tqdm(**kwargs)
     return _Silent()

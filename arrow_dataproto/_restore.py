@@ -252,6 +252,8 @@ def suspects(record_batch: pa.RecordBatch) -> dict[str, str]:
     if any(not why.startswith("text") for why in found.values()):  # a default file's stored bits: its
         # lists of one length may be the flattened rows of tensors of several dimensions
         for field, array in zip(record_batch.schema, record_batch.columns):
+            if isinstance(array.type, pa.FixedShapeTensorType):
+                continue  # its type keeps the shape of its rows
             kind = array.type.storage_type if isinstance(array.type, pa.BaseExtensionType) else array.type
             if field.name in found or not _is_list(kind) or _is_list(kind.value_type) or _family(kind) == "text":
                 continue

@@ -2,7 +2,10 @@
 
 Run ``python -m arrow_dataproto.demo`` (``--rows``/``--prompt``/``--response`` to
 resize, ``--repeats`` for the number of timed runs, ``--no-ray`` to skip the Ray
-actor round trip, which starts a local Ray). Every timing is taken after one
+actor round trip, which starts a local Ray). Received through Ray, tensors are
+copy-on-write views of the object store by default; with ``copy=False`` they are
+plain views of its shared memory: writable (torch has no read-only tensors), and a
+write reaches every later reader of the object. Every timing is taken after one
 untimed warm-up run and reported as the median and the best of ``--repeats`` runs.
 Run from a source checkout (``bash scripts/demo.sh`` does), it also measures verl's
 two pickling modes side by side with ours, with ``benchmarks/bench_codec.py``'s code.
@@ -25,6 +28,7 @@ from typing import Any, Callable, TypeVar
 import torch
 
 from . import DataProto, from_ipc, receive_options, to_arrow, to_ipc
+from ._optional import install_line
 from .files import open_file, write_file
 from .testing.samples import nbytes, ppo_batch
 
@@ -83,13 +87,35 @@ def _against_rivals(data: DataProto, repeats: int) -> None:
     for _, name, encode, decode in rows:
         print(f"  {name:<34} {encode.median * 1e3:10.2f} {decode.median * 1e3:10.2f} "
               f"{encode.median / base_encode:9.1f} {decode.median / base_decode:9.1f}")
+    names = {name for _, name, _, _ in rows}
+    for name, text in _RIVALS.items():
+        if any(shown.startswith(name) for shown in names):
+            print(f"  {name}: {text}")
+
+
+_RIVALS = {
+    "verl_default_like": "verl's default pickling (torch.save of the consolidated TensorDict)",
+    "verl_numpy_like": "verl's numpy mode (VERL_DATAPROTO_SERIALIZATION_METHOD=numpy): each tensor's bytes, "
+    "copied into a new buffer on decode",
+    "td_consolidated": "tensordict's own td.consolidate(metadata=True), pickled as is",
+    "numpy_floor": "the same bytes as bare numpy arrays, no codec: the floor a codec is measured against",
+    "verl_dataproto": "verl's real DataProto class pickled by verl itself (_numpy: its numpy mode)",
+}
+"""What each row of the comparison is (``benchmarks/rivals.py`` has the details)."""
+
+_NEXT = (
+    "Next: README.md (the quick start and one section per use), docs/ray.md (receive options,",
+    "copy-on-write, measuring a receiver's memory), docs/files.md (files, append, pandas/polars/DuckDB,",
+    "the command line), docs/verl.md (verl v0 and v1), docs/benchmarks.md (what each path costs).",
+)
+"""Where the demo sends its reader next."""
 
 
 def _ray_round_trip(data: DataProto, tensor_bytes: int, repeats: int) -> None:
     try:
         import ray
     except ImportError:
-        print("  ray is not installed: skipping the actor round trip (pip install 'arrow-dataproto[ray]')")
+        print(f"  ray is not installed: skipping the actor round trip ({install_line('ray')})")
         return
 
     @ray.remote
@@ -113,8 +139,8 @@ def _ray_round_trip(data: DataProto, tensor_bytes: int, repeats: int) -> None:
         _timed("ray.get(ref) default (copy-on-write views)", repeats, lambda: ray.get(ref))
         with receive_options(copy=True):
             _timed("ray.get(ref) with copy=True (private copies)", repeats, lambda: ray.get(ref))
-        with receive_options(copy=False):
-            _timed("ray.get(ref) zero-copy (read-only views)", repeats, lambda: ray.get(ref))
+        with receive_options(copy=False):  # writable, and a write reaches every later reader
+            _timed("ray.get(ref) copy=False (shared-memory views)", repeats, lambda: ray.get(ref))
         ok = (
             result.batch is not None
             and data.batch is not None
@@ -130,9 +156,9 @@ def _ray_round_trip(data: DataProto, tensor_bytes: int, repeats: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--rows", type=int, default=2560)
-    parser.add_argument("--prompt", type=int, default=1024)
-    parser.add_argument("--response", type=int, default=1024)
+    parser.add_argument("--rows", type=int, default=2560, help="samples in the batch (default 2560)")
+    parser.add_argument("--prompt", type=int, default=1024, help="prompt tokens per sample (default 1024)")
+    parser.add_argument("--response", type=int, default=1024, help="response tokens per sample (default 1024)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs of each step, after a warm-up (default 5)")
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray actor round trip")
     parser.add_argument("--no-rivals", action="store_true", help="skip the comparison with verl's pickling")
@@ -187,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_ray:
         print("\nRay: driver -> actor -> driver:")
         _ray_round_trip(data, tensor_bytes, repeats)
-    print("\ndone")
+    print("\ndone. " + "\n".join(_NEXT))
 
 
 if __name__ == "__main__":

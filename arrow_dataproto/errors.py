@@ -8,7 +8,7 @@ keep working.
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any, Iterable, TypeVar
 
 
 class DataProtoError(Exception):
@@ -28,7 +28,15 @@ class DecodeError(DataProtoError, ValueError):
 
 
 class FormatVersionError(DecodeError):
-    """The payload was written by an incompatible (newer major) format version."""
+    """The payload was written by a format version this reader cannot read: another major
+    version, or a newer minor version whose content (a column kind, an encoding, a dtype)
+    this reader does not know. The message names both versions."""
+
+
+class UnknownContentError(DecodeError):
+    """The payload holds a column kind, an encoding or a dtype this reader does not know.
+    Where the payload's minor version is newer than this reader's, a
+    :class:`FormatVersionError` is raised instead."""
 
 
 class PickleNotAllowedError(DecodeError):
@@ -47,7 +55,10 @@ class SchemaMismatchError(DataProtoError, ValueError):
 
 
 class ColumnNotFoundError(DataProtoError, KeyError):
-    """A column asked for by name is not in the file or batch."""
+    """A column asked for by name is not in the file or batch (message: :func:`not_found`)."""
+
+    def __str__(self) -> str:  # KeyError's is the repr of its message: quotes around quotes
+        return str(self.args[0]) if len(self.args) == 1 else super().__str__()
 
 
 # The container's errors. verl's DataProto checks most of its preconditions with
@@ -81,7 +92,22 @@ class OptionError(DataProtoError, ValueError):
     other than ``True``/``False``/``"on_write"``, a device this process lacks, no actors."""
 
 
+class MissingDependencyError(DataProtoError, ModuleNotFoundError):
+    """An optional package that a feature needs is not installed. The message names the
+    missing module, the extra of arrow-dataproto that brings it and an install line;
+    ``name`` is the missing module."""
+
+
 _Error = TypeVar("_Error", bound=DataProtoError)
+
+
+_NotFound = TypeVar("_NotFound", bound=ColumnNotFoundError)
+
+
+def not_found(cls: type[_NotFound], kind: str, missing: Iterable[Any], where: str, present: Iterable[Any]) -> _NotFound:
+    """The error for names asked for and absent (columns, keys), in the one format of them all:
+    ``no column ['x'] in the batch; columns: ['a', 'b']``."""
+    return cls(f"no {kind} {list(missing)} in {where}; {kind}s: {list(present)}")
 
 
 def column_error(cls: type[_Error], column: str, message: str) -> _Error:

@@ -45,10 +45,12 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from ._optional import missing_dependency
+
 try:
     import pandas as pd
-except ImportError as e:  # pragma: no cover - pandas is an optional dependency
-    raise ImportError("arrow_dataproto.pandas needs pandas: pip install 'arrow-dataproto[interop]'") from e
+except ModuleNotFoundError as e:
+    raise missing_dependency("arrow_dataproto.pandas", e) from e
 
 from . import _jagged
 from ._compat import ragged_idx

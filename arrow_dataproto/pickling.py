@@ -32,7 +32,7 @@ import torch
 
 from . import _malloc, _shm
 from ._compat import ray_external_transport
-from ._codec import record_batch_of, to_arrow
+from ._codec import check_device, record_batch_of, to_arrow
 from ._decoding import from_arrow
 from .errors import DecodeError, OptionError, column_error
 
@@ -76,7 +76,7 @@ class ReceiveOptions:
         if self.copy not in (True, False, ON_WRITE) or not isinstance(self.copy, (bool, str)):
             raise OptionError(f"copy must be True, False or {ON_WRITE!r}, got {self.copy!r}")
         if self.device is not None:
-            _check_device(self.device)
+            check_device(self.device)
 
     @property
     def copy_on_write_views(self) -> bool:
@@ -124,24 +124,6 @@ class ReceiveOptions:
             copy=copy if copy is not None else over.copy,
             device=device if device is not None else over.device,
         )
-
-
-def _check_device(device: str) -> None:
-    """:class:`OptionError` unless ``device`` names a device of this process (``cpu``
-    and ``meta`` always do; ``cuda:1`` needs two CUDA devices)."""
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, TypeError, ValueError) as e:
-        raise OptionError(f"device {device!r} is not a torch device: {e}") from None
-    if parsed.type in ("cpu", "meta"):
-        return
-    backend = getattr(torch, parsed.type, None)
-    available = getattr(backend, "is_available", None)
-    if available is None or not available():
-        raise OptionError(f"device {device!r}: this process has no {parsed.type} device")
-    count = getattr(backend, "device_count", None)
-    if parsed.index is not None and count is not None and parsed.index >= count():
-        raise OptionError(f"device {device!r}: this process has {count()} {parsed.type} device(s)")
 
 
 _COPY_WORDS: Final[dict[str, Copy]] = {

@@ -38,10 +38,12 @@ from typing import Any
 import pyarrow as pa
 import torch
 
+from ._optional import missing_dependency
+
 try:
     import polars as pl
-except ImportError as e:  # pragma: no cover - polars is an optional dependency
-    raise ImportError("arrow_dataproto.polars needs polars: pip install 'arrow-dataproto[interop]'") from e
+except ModuleNotFoundError as e:
+    raise missing_dependency("arrow_dataproto.polars", e) from e
 
 from ._codec import to_arrow
 from ._container import DataProto

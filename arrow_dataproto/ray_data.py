@@ -39,10 +39,16 @@ import os
 from typing import Any, Iterable
 
 import pyarrow as pa
-import ray.data
 import torch
-from ray.data.block import BlockMetadata
-from ray.data.datasource import Datasource, ReadTask
+
+from ._optional import missing_dependency
+
+try:  # Ray Data needs pandas, which the ray extra does not bring
+    import ray.data
+    from ray.data.block import BlockMetadata
+    from ray.data.datasource import Datasource, ReadTask
+except ModuleNotFoundError as e:
+    raise missing_dependency("arrow_dataproto.ray_data", e) from e
 
 from ._codec import to_arrow
 from ._container import DataProto

@@ -37,6 +37,7 @@ import torch
 from tensordict import TensorDict
 
 from ._codec import to_arrow
+from ._optional import require
 from ._container import DataProto
 from .errors import DataProtoError, OptionError
 from .pickling import Copy, rebuild_dataproto, receive_options, transport_state
@@ -45,11 +46,7 @@ __all__ = ["Parcel", "receive_as", "get", "receiving", "scatter", "broadcast", "
 
 
 def _ray():
-    try:
-        import ray
-    except ImportError:
-        raise ImportError("arrow_dataproto.transport needs Ray: pip install 'arrow-dataproto[ray]'") from None
-    return ray
+    return require("ray", "arrow_dataproto.transport")
 
 
 # ---------------------------------------------------------------- per-object options

@@ -13,7 +13,7 @@ Swap ``from verl.protocol import X`` for ``from arrow_dataproto.verl_api import 
 
 Semantics are verl 0.9.1's (checked against it by ``tests/test_verl_parity.py``);
 the differences, where verl fails or changes its input, are in the docstrings and
-in the README's verl API table. Errors are the library's own and also derive from
+in the verl API table of docs/verl.md. Errors are the library's own and also derive from
 what verl raises (:mod:`arrow_dataproto.errors`).
 """
 

@@ -22,4 +22,17 @@ def test_demo_runs_and_compares_with_the_rivals():
     names = [line.split()[0] for line in table[1:] if line.strip()]
     assert {"verl_default_like", "verl_numpy_like", "numpy_floor"} <= set(names)
     assert "arrow_dataproto (zero-copy)" in table[1] and table[1].split()[-2:] == ["1.0", "1.0"]
-    assert out.rstrip().endswith("done")
+    explained = {line.split(":")[0].strip() for line in table if ": " in line}
+    assert {"verl_default_like", "verl_numpy_like", "td_consolidated", "numpy_floor"} <= explained
+    assert "numpy_floor: the same bytes as bare numpy arrays, no codec" in out
+    assert "read-only" not in out
+    assert out.rstrip().endswith("docs/benchmarks.md (what each path costs).") and "\ndone. Next: README.md" in out
+
+
+def test_demo_help_explains_every_option():
+    result = subprocess.run([sys.executable, "-m", "arrow_dataproto.demo", "--help"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0
+    for option, text in [("--rows ROWS", "samples in the batch"), ("--prompt PROMPT", "prompt tokens per sample"),
+                         ("--response RESPONSE", "response tokens per sample")]:
+        assert f"{option}  " in result.stdout and text in result.stdout

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arrow_dataproto.errors import DecodeError, EncodeError, PickleNotAllowedError
+from arrow_dataproto.errors import DecodeError, EncodeError, PickleNotAllowedError, UnknownContentError
 from arrow_dataproto._meta_info import decode_meta_info, encode_meta_info
 from arrow_dataproto._objects import decode_column, encode_column
 
@@ -436,7 +436,7 @@ MALFORMED = {
 def test_malformed_columns_raise_decode_error(array, metadata):
     with pytest.raises(DecodeError, match="'broken'") as info:
         decode_column("broken", array, metadata, allow_pickle=True)
-    assert type(info.value) is DecodeError
+    assert type(info.value) in (DecodeError, UnknownContentError)  # unknown: what a newer version may write
 
 
 # --- meta_info ------------------------------------------------------------------------
@@ -513,7 +513,7 @@ MALFORMED_META = {
 def test_malformed_meta_info_raises_decode_error(encoding, payload):
     with pytest.raises(DecodeError) as info:
         decode_meta_info(_entries(encoding, payload), allow_pickle=True)
-    assert type(info.value) is DecodeError
+    assert type(info.value) is (UnknownContentError if encoding == "yaml" else DecodeError)
 
 
 # --- property tests -------------------------------------------------------------------

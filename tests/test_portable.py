@@ -391,7 +391,7 @@ def test_convert_portable_and_stream(tmp_path, capsys):
 # ---------------------------------------------------------------- other tools read values
 
 
-import interop_table  # noqa: E402 (tests/interop_table.py: the realistic batch and the README table)
+import interop_table  # noqa: E402 (tests/interop_table.py: the realistic batch and the docs/files.md table)
 
 TOOL_BATCHES = [interop_table.realistic_batch(), interop_table.realistic_batch(rows=5, seed=1)]
 
@@ -526,8 +526,8 @@ def test_readme_interop_table_is_current(tmp_path):
     for module in ("pandas", "polars", "duckdb", "datasets"):
         pytest.importorskip(module, reason=f"{module} is not installed: the table needs every tool (pip install arrow-dataproto[interop])")
     measured = interop_table.render(interop_table.measure(tmp_path))
-    in_readme = interop_table.readme_section(interop_table.README.read_text())
-    assert in_readme == measured, "the README interop table differs from what the tools report: run python tests/interop_table.py"
+    in_page = interop_table.page_section(interop_table.PAGE.read_text())
+    assert in_page == measured, "the interop table of docs/files.md differs from what the tools report: run python tests/interop_table.py"
 
 
 def test_hostile_portable_metadata_is_a_decode_error():

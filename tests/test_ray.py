@@ -18,7 +18,7 @@ import torch
 from tensordict import TensorDict
 from utils import assert_dataproto_equal, assert_tensor_equal, sample_dataproto
 
-from arrow_dataproto import DataProto, DecodeError, receive_options, set_receive_options, to_arrow, transport
+from arrow_dataproto import DataProto, DecodeError, MissingDependencyError, receive_options, set_receive_options, to_arrow, transport
 from arrow_dataproto.pickling import batch_state, rebuild_dataproto
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install arrow-dataproto[ray])")
@@ -437,5 +437,5 @@ def test_actor_dying_mid_call_leaves_the_data_intact(workers):
 
 def test_missing_ray_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
-    with pytest.raises(ImportError, match=r"pip install 'arrow-dataproto\[ray\]'"):
+    with pytest.raises(MissingDependencyError, match=r'needs ray, .*pip install -c constraints.txt -e "\.\[ray\]"'):
         transport.get([])

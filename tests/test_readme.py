@@ -1,6 +1,6 @@
-"""Every Python block of README.md runs as written.
+"""Every Python block of README.md, and of the docs pages it links for details, runs as written.
 
-The blocks run in order, in one namespace (a reader pasting them top to bottom into one
+Each page's blocks run in order, in one namespace of their own (a reader pasting them top to bottom into one
 session: later blocks may use what earlier ones made, nothing else), in a temporary folder.
 They share the test run's bounded Ray instance (the ``ray_session`` fixture): a block's
 ``ray.init(...)`` connects to it whatever arguments it passes, and ``ray.shutdown()`` in a
@@ -24,7 +24,12 @@ import re
 import traceback
 from pathlib import Path
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+PAGES = [README, *(ROOT / "docs" / name for name in ("ray.md", "files.md", "verl.md", "tensordict.md"))]
+"""The pages whose snippets are tested: each starts from its own imports."""
 MARKER = re.compile(r"<!--\s*readme-test:\s*(\w+)\s*(.*?)\s*-->")
 NEEDS = {
     "verl": lambda: importlib.util.find_spec("verl") is not None,
@@ -63,7 +68,7 @@ def blocks(text: str) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
             else:
                 left_out.append((start + 1, f"needs {marker.group(2)}"))
         else:
-            raise AssertionError(f"README.md:{start + 1}: unknown marker {before.strip()!r}")
+            raise AssertionError(f"line {start + 1}: unknown marker {before.strip()!r}")
         i = end + 1
     return run, left_out
 
@@ -82,17 +87,34 @@ def test_the_marker_rules():
     assert len(run) + len(left_out) == 3
 
 
-def test_every_python_block_of_the_readme_runs(ray_session, tmp_path, monkeypatch):
-    run, left_out = blocks(README.read_text())
-    assert run, "no Python block found in README.md"
+def test_the_readme_fits_a_screen_and_starts_with_code():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines: move details to a page in docs/"
+    first_code = next(i for i, line in enumerate(lines, 1) if line.strip() == "```python")
+    assert first_code <= 30, f"the README's first Python block starts at line {first_code}"
+
+
+def test_every_linked_page_exists():
+    """Every relative link of the README and of the tested pages names a file of the checkout
+    (docs/transfer_queue.md is written with the TransferQueue backend)."""
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
+            path = (page.parent / target).resolve()
+            assert path.exists() or path == ROOT / "docs" / "transfer_queue.md", f"{page.name} links {target}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_every_python_block_runs(page, ray_session, tmp_path, monkeypatch):
+    run, left_out = blocks(page.read_text())
+    assert run or left_out, f"no Python block found in {page.name}"
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(ray_session, "init", lambda *args, **kwargs: None)  # already running, bounded
     monkeypatch.setattr(ray_session, "shutdown", lambda *args, **kwargs: None)
     namespace: dict = {"__name__": "__readme__"}
     for line, code in run:
         try:
-            exec(compile(code, f"README.md:{line}", "exec"), namespace)
+            exec(compile(code, f"{page.name}:{line}", "exec"), namespace)
         except BaseException:
-            raise AssertionError(f"the README block at line {line} fails:\n{traceback.format_exc()}") from None
+            raise AssertionError(f"the {page.name} block at line {line} fails:\n{traceback.format_exc()}") from None
     if left_out:
         print("left out:", left_out)

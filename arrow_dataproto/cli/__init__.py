@@ -6,7 +6,7 @@
     arrow-dataproto head FILE [-n N] [--start S] [--columns C ...] [--allow-pickle]
     arrow-dataproto convert IN OUT [--allow-pickle] [--compression C] [--portable] [--stream]
     arrow-dataproto recover IN OUT [--compression C]
-    arrow-dataproto verify FILE                     every buffer against the checksums written with it
+    arrow-dataproto verify FILE                     the structure, and every buffer against its checksums
     arrow-dataproto bench [NAME ...] [--quick] [--list] [--dir DIR]
 
 Nothing is unpickled without ``--allow-pickle``: ``inspect`` never unpickles,
@@ -98,8 +98,16 @@ def _recover(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from ..files.layout import verify_checksums  # pyarrow alone: no torch
 
-    batches, checked = verify_checksums(args.file)
-    print(f"{args.file}: {batches} batches, {checked} buffers match their checksums")
+    batches, checked, unchecked = verify_checksums(args.file)
+    structure = "structure valid (footer, message headers, Arrow's full validation of each batch)"
+    if not unchecked:
+        print(f"{args.file}: {batches} batches, {structure}; {checked} buffers match their checksums")
+    elif unchecked == batches:
+        print(f"{args.file}: {batches} batches, {structure}; no checksums (written without checksums=True): "
+              "the values themselves were not checked")
+    else:
+        print(f"{args.file}: {batches} batches, {structure}; {checked} buffers match their checksums, "
+              f"{unchecked} batches have none (their values were not checked)")
     return 0
 
 
@@ -221,10 +229,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--compression", choices=compressions, default="none", help="compression of OUT (default none)")
     p.set_defaults(run=_recover)
 
-    p = commands.add_parser("verify", help="check every buffer against the checksums written with the file",
-                            description="Check every buffer of every batch of FILE against the checksums it "
-                            "was written with (FileWriter(checksums=True)); exit status 1 names the first "
-                            "batch, column and buffer that differ.")
+    p = commands.add_parser("verify", help="check the file's structure, and every buffer against its checksums",
+                            description="Check the structure of FILE (footer, message headers, Arrow's full "
+                            "validation of every batch) and every buffer of every batch against the checksums it "
+                            "was written with (FileWriter(checksums=True)); it says which batches had none. Exit "
+                            "status 1 names the first batch, column and buffer that differ, or what is malformed.")
     p.add_argument("file", metavar="FILE")
     p.set_defaults(run=_verify)
 

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 import pyarrow as pa
 
-from .._format import META_INFO_ENCODING, Node, is_foreign, resolve_columns
+from .._format import META_INFO_ENCODING, Node, is_foreign, newer_version_rule, resolve_columns
 from .._meta_info import decode_meta_info
 from .._objects import PICKLE
 from .._progress import progress_bar
-from ..errors import DecodeError, PickleNotAllowedError
+from ..errors import DecodeError, PickleNotAllowedError, RowIndexError
 from .layout import ColumnInfo
 from .options import ReadKeywords, ReadOptions, read_options
 
@@ -125,7 +125,8 @@ class BatchReader:
     def read_meta_info(self, i: int = 0) -> dict:
         """Batch ``i``'s ``meta_info`` alone (:class:`PickleNotAllowedError` if pickled and not allowed)."""
         metadata = self._metadata(self._index(i))
-        return self._refusing_pickles(lambda: decode_meta_info(metadata, allow_pickle=self.allow_pickle))
+        with newer_version_rule(metadata):
+            return self._refusing_pickles(lambda: decode_meta_info(metadata, allow_pickle=self.allow_pickle))
 
     def column_nbytes(self) -> dict[str, int]:
         """Bytes each column takes in memory, all batches together (uncompressed sizes:
@@ -154,7 +155,7 @@ class BatchReader:
     def _index(self, i: int) -> int:
         n = self.num_batches
         if not -n <= i < n:
-            raise IndexError(f"batch {i} out of range for {n} batches")
+            raise RowIndexError(f"batch {i} out of range: {self} has {n} batches" + (f" (0 to {n - 1}, or -{n} to -1)" if n else ""))
         return i % n
 
     def _fields(self, columns: Iterable[str] | None) -> tuple[list[int] | None, list[str] | None]:
@@ -225,13 +226,17 @@ class BatchReader:
     def read_rows(
         self, start: int = 0, stop: int | None = None, columns: Iterable[str] | None = None, *, meta_info: bool = True
     ) -> DataProto:
-        """Rows ``start:stop`` across batches (Python slice rules, step 1).
+        """Rows ``start:stop`` across batches (Python slice rules, step 1, except that ``start``
+        must be a row of the file or its end: :class:`RowIndexError` otherwise; ``stop`` past
+        the end stops at the end).
 
         Rows within one batch are a zero-copy view (uncompressed files); rows spanning
         several batches are concatenated (one copy), and their ``meta_info`` is the first
         batch's updated by the later ones'. ``columns`` and ``meta_info`` as in :meth:`read_batch`.
         """
         fields, keep = self._fields(columns)
+        if not -self.num_rows <= start <= self.num_rows:
+            raise RowIndexError(f"read_rows({start}, {stop}): start {start} is outside {self}, which has {self.num_rows} rows (start 0 to {self.num_rows}, or -{self.num_rows} to -1)")
         start, stop, _ = slice(start, stop).indices(self.num_rows)
         stop = max(start, stop)
         bounds = [0, *itertools.accumulate(self.batch_rows)]

@@ -27,7 +27,7 @@ def _write_all(batches: Iterable[tuple[pa.RecordBatch, dict[str, str]]], out: st
     on an error the partial file is deleted and ``out`` left as it was. Returns the writer, to close.
     ``options``: ``portable``, ``stream`` and ``checksums`` of :class:`FileWriter` (a source
     batch's checksums are never carried over: they are of its old bytes)."""
-    writer = FileWriter(out, compression=compression, **options)
+    writer = FileWriter(out, "w", compression=compression, **options)
     try:
         for batch, metadata in batches:
             writer._write(batch.replace_schema_metadata(metadata))

@@ -10,17 +10,17 @@ import os
 import secrets
 import warnings
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
 
 from .. import _checksum
-from .._format import CHECKSUMS, COMPRESSION, COMPRESSIONS, META_INFO_ENCODING, text_metadata
+from .._format import CHECKSUMS, COMPRESSION, COMPRESSIONS, META_INFO_ENCODING, PORTABLE, text_metadata
 from .._meta_info import pickled_meta_keys
 from .._objects import decode_column
 from .._progress import progress_bar
-from ..errors import DataProtoError, EncodeError, SchemaMismatchError
+from ..errors import ArgumentTypeError, DataProtoError, EncodeError, OptionError, SchemaMismatchError
 from .evolution import conform, evolve, rewritten, schema_difference, unified_schema
 
 
@@ -64,7 +64,21 @@ class FileWriter:
     the compression in a footer (each batch's message header says it) nor be recovered
     by :func:`recover_file`, which needs the file format.
 
-    ``progress=True`` shows the bytes written (tqdm, if installed). ``checksums=True``
+    ``mode``: ``"w"`` (the default) writes a new file, replacing ``PATH`` at :meth:`close` if
+    it exists; ``"x"`` refuses an existing ``PATH`` (:class:`OptionError` here, and
+    :class:`EncodeError` at :meth:`close` if one appeared meanwhile: it is never replaced);
+    ``"a"`` appends to the file of this library at ``PATH`` (a new file if there is none): its
+    batches are copied first into the partial file, as Arrow data (nothing decoded; one read
+    and one write of them), so the batches written next follow the schema rules above as if
+    this writer had written them, and ``PATH`` stays the complete old file until :meth:`close`
+    replaces it: a process killed mid-append leaves it readable as it was. ``compression``,
+    ``stream``, ``portable`` and ``checksums`` left as None are the file's (its compression, its
+    form, whether it has checksums); given, the whole file is written so. Another tool's file
+    at ``PATH`` is refused (:class:`SchemaMismatchError`). Appending writers of one ``PATH``
+    must not run at the same time: each replaces ``PATH`` with what it read and wrote, and
+    the last to close wins. Keep one writer open to append batch after batch.
+
+    ``progress=True`` shows the bytes written (needs tqdm). ``checksums=True``
     records a digest of every buffer of every batch (xxHash3; see
     :mod:`arrow_dataproto._checksum`, needs ``xxhash``), which ``open_file(verify=True)``,
     :meth:`FileReader.verify` and ``arrow-dataproto verify`` check.
@@ -81,16 +95,28 @@ class FileWriter:
     def __init__(
         self,
         path: str | os.PathLike,
+        mode: str = "w",
         *,
         compression: str | None = None,
         progress: bool = False,
-        checksums: bool = False,
-        portable: bool = False,
-        stream: bool = False,
+        checksums: bool | None = None,
+        portable: bool | None = None,
+        stream: bool | None = None,
     ):
         if compression not in COMPRESSIONS:
             raise EncodeError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+        if mode not in MODES:
+            raise OptionError(f"mode must be one of {MODES}, got {mode!r}")
         self.path = Path(path)
+        self.mode = mode
+        if mode == "x" and os.path.lexists(self.path):
+            raise OptionError(f"{self.path} exists: mode='x' writes only a new file ('w' replaces it, 'a' appends to it)")
+        appended = _appended(self.path) if mode == "a" and os.path.lexists(self.path) else None
+        if appended is not None:
+            compression = appended.compression if compression is None else compression
+            stream = appended.stream if stream is None else stream
+            portable = PORTABLE.encode() in (appended.schema.metadata or {}) if portable is None else portable
+            checksums = bool(appended.num_batches) and CHECKSUMS in appended._metadata(0) if checksums is None else checksums
         self.compression = compression
         self.num_batches = 0
         self.num_rows = 0
@@ -105,9 +131,18 @@ class FileWriter:
         self._fields: dict[str, pa.Field] = {}
         self._warned = False  # about a pickled meta_info
         self._schema_text = ""  # the written schema, as checksums hash it (_checksum.schema_text)
-        self.checksums = checksums
-        self.portable = portable
-        self.stream = stream
+        self.checksums = bool(checksums)
+        self.portable = bool(portable)
+        self.stream = bool(stream)
+        if appended is not None:
+            with appended:
+                try:
+                    for i in range(appended.num_batches):
+                        batch, metadata = appended._read([i], None)[0]
+                        self._write(batch.replace_schema_metadata(metadata))
+                except BaseException:
+                    self.abort()
+                    raise
 
     def write(self, data: Any) -> None:
         """Append one DataProto (ours or verl's) or TensorDict as the next batch.
@@ -316,7 +351,11 @@ class FileWriter:
             self._finish()
             raise EncodeError(self._failed) from e
         try:
-            os.replace(self._partial, self.path)
+            if self.mode == "x":  # never replaces a file that appeared meanwhile
+                os.link(self._partial, self.path)
+                os.unlink(self._partial)
+            else:
+                os.replace(self._partial, self.path)
         except OSError as e:
             self._failed = (
                 f"cannot move {self._partial} to {self.path}: {e}; {self.path} was not written, "
@@ -357,12 +396,35 @@ class FileWriter:
             self.abort()
 
 
+MODES = ("w", "a", "x")
+"""What :class:`FileWriter` does with an existing path: replace it, append to it, refuse it."""
+
+
+def _appended(path: Path) -> Any:
+    """The reader of the file of this library at ``path`` that a writer in mode ``"a"`` appends
+    to (:class:`SchemaMismatchError` for another tool's file; the reader's errors otherwise)."""
+    from .reader import open_file
+
+    reader = open_file(path)
+    if reader.foreign:
+        reader.close()
+        raise SchemaMismatchError(f"{path} is not a file of arrow-dataproto: mode='a' appends only to one")
+    return reader
+
+
 def _as_batches(data: Any) -> Iterable[Any]:
-    """A single DataProto (ours or verl's) or TensorDict as a one-item list; other iterables as they are."""
+    """A single DataProto (ours or verl's) or TensorDict as a one-item list; other iterables
+    (of them) as they are. :class:`ArgumentTypeError` naming the type given for anything else
+    (a dict of tensors included: it is not a batch)."""
     from tensordict import is_tensor_collection
 
     if is_tensor_collection(data) or hasattr(data, "non_tensor_batch"):
         return [data]
+    if isinstance(data, (Mapping, str, bytes)) or not isinstance(data, Iterable):
+        hint = " (a dict of tensors: DataProto.from_dict(it) or TensorDict(it, batch_size=[rows]))" if isinstance(data, Mapping) else ""
+        raise ArgumentTypeError(
+            f"write_file takes a DataProto, a TensorDict or an iterable of them, got {type(data).__name__}{hint}"
+        )
     return data
 
 
@@ -372,19 +434,20 @@ def write_file(
     *,
     compression: str | None = None,
     progress: bool = False,
-    checksums: bool = False,
-    portable: bool = False,
-    stream: bool = False,
+    checksums: bool | None = None,
+    portable: bool | None = None,
+    stream: bool | None = None,
+    mode: str = "w",
 ) -> None:
     """Write a DataProto, or an iterable of DataProtos with the same columns, to an Arrow IPC file.
 
     One record batch per DataProto; see :class:`FileWriter` for what is copied, the
-    errors, how ``path`` is replaced, ``checksums``, ``portable`` (the portable view, for
-    other tools) and ``stream`` (an IPC stream file). ``compression``: ``None``,
-    ``"lz4"`` or ``"zstd"``.
+    errors, how ``path`` is replaced (``mode``: ``"w"``, ``"a"`` to append, ``"x"``),
+    ``checksums``, ``portable`` (the portable view, for other tools) and ``stream`` (an IPC
+    stream file). ``compression``: ``None``, ``"lz4"`` or ``"zstd"``.
     """
     with FileWriter(
-        path, compression=compression, progress=progress, checksums=checksums, portable=portable, stream=stream
+        path, mode, compression=compression, progress=progress, checksums=checksums, portable=portable, stream=stream
     ) as writer:
         for item in _as_batches(data):
             writer.write(item)

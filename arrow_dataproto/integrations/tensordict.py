@@ -49,7 +49,8 @@ import pickle
 import sys
 from typing import Any
 
-from ..errors import DataProtoError
+from .._optional import missing_dependency
+from ..errors import DataProtoError, MissingDependencyError
 
 __all__ = ["RayNotFoundError", "install", "is_installed", "rebuild", "serialize", "uninstall"]
 
@@ -57,7 +58,7 @@ _FORMAT = "adp.tensordict.1"  # first item of every state: the states below may 
 _PICKLE = "tensordict.pickle"  # first item of a fallback state: tensordict's own pickle bytes
 
 
-class RayNotFoundError(DataProtoError, ImportError):
+class RayNotFoundError(MissingDependencyError):
     """:func:`install` needs Ray, and ``import ray`` failed."""
 
 
@@ -73,8 +74,8 @@ def _register() -> None:
 
     try:
         import ray.util
-    except ImportError as e:
-        raise RayNotFoundError(f"arrow_dataproto.integrations.tensordict.install needs Ray: `import ray` failed ({e})") from e
+    except ModuleNotFoundError as e:
+        raise missing_dependency("arrow_dataproto.integrations.tensordict.install", e, cls=RayNotFoundError) from e
     ray.util.register_serializer(TensorDict, serializer=serialize, deserializer=rebuild)
     _Registered.registered = True
 

@@ -1,7 +1,7 @@
 """A TransferQueue storage backend on Ray's object store and this library's codec.
 
 Importing this module registers the backend ``"arrow_dataproto"`` with TransferQueue
-(``transferqueue`` 0.1.11, ``pip install arrow-dataproto[transfer-queue]``); select it with::
+(``transferqueue`` 0.1.11, the ``transfer-queue`` extra); select it with::
 
     import arrow_dataproto.integrations.transfer_queue   # registers the backend
     tq.init(OmegaConf.create({"backend": {"storage_backend": "arrow_dataproto", "arrow_dataproto": {}}}))
@@ -82,13 +82,19 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import ray
 import torch
-from omegaconf import DictConfig
 from tensordict import NonTensorData, NonTensorStack, TensorDict, is_tensor_collection
-from transfer_queue.metadata import BatchMeta, extract_field_schema
-from transfer_queue.storage.bootstrap.provider import StorageBootstrapProvider
-from transfer_queue.storage.managers.base import StorageManager, StorageManagerFactory
+
+from .._optional import missing_dependency
+
+try:
+    import ray
+    from omegaconf import DictConfig
+    from transfer_queue.metadata import BatchMeta, extract_field_schema
+    from transfer_queue.storage.bootstrap.provider import StorageBootstrapProvider
+    from transfer_queue.storage.managers.base import StorageManager, StorageManagerFactory
+except ModuleNotFoundError as e:
+    raise missing_dependency("arrow_dataproto.integrations.transfer_queue", e, "transfer-queue") from e
 
 from .. import _rows
 from .._container import DataProto
