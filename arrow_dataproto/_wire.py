@@ -425,9 +425,12 @@ def fast_parts(
                 return None
             tensors.append(tensor)
     n = len(plan.dense)
-    object_batch = record_batch_of(
-        [_column(f, c, views) for f, c in zip(plan.objects, columns[n:])], plan.objects, num_rows
-    )
+    try:
+        object_batch = record_batch_of(
+            [_column(f, c, views) for f, c in zip(plan.objects, columns[n:])], plan.objects, num_rows
+        )
+    except (pa.ArrowException, OSError, TypeError, ValueError):  # DecodeError too: the full path says which
+        return None
     validate_arrow(object_batch)
     placement = Placement(device)
     placed = []

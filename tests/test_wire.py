@@ -141,3 +141,16 @@ def test_meta_info_changing_every_step_round_trips():
 def test_protocol_4_carries_the_bytes_in_band():
     data = _dense_batch()
     assert_dataproto_equal(pickle.loads(pickle.dumps(data, protocol=4)), _resolved(data))
+
+
+def test_an_object_column_of_another_length_is_a_decode_error():
+    """(A fuzz finding: the plan's object columns built as a batch of the wrong length was a ValueError.)"""
+    data = _dense_batch()
+    state = pickling.batch_state(adp.to_arrow(data))
+    i = adp.to_arrow(data).schema.get_field_index("uid")
+    column = state[2][i]
+    sliced = adp.to_arrow(data).column(i).slice(0, ROWS - 1)
+    corrupt = _with_column(state, i, _wire.array_state(sliced))
+    assert column[0] == ROWS
+    with pytest.raises(adp.DecodeError):
+        pickling.rebuild_dataproto(*corrupt)
