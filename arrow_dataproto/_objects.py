@@ -55,7 +55,7 @@ from __future__ import annotations
 import itertools
 import operator
 import pickle
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any, Callable, Mapping, Union
 
 import numpy as np
@@ -78,6 +78,8 @@ _PLAIN_TYPES: dict[type, tuple[pa.DataType, pa.DataType]] = {
     str: (pa.string(), pa.large_string()), bytes: (pa.binary(), pa.large_binary())
 }
 """The Arrow types that give exact ``str`` and ``bytes`` rows back exactly, by offset width."""
+_TEXT_TYPES = frozenset(t for types in _PLAIN_TYPES.values() for t in types)
+"""Those types as one set (an object column of one converts to ``str``/``bytes`` rows in C)."""
 _STRING_ROWS: dict[str, type] = {"U": str, "S": bytes}
 """What a numpy ``U`` / ``S`` array's rows are in Python (``tolist()``), which picks their Arrow types."""
 
@@ -120,7 +122,10 @@ def _large(t: pa.DataType) -> pa.DataType:
     return t
 
 
+@lru_cache(maxsize=256)
 def _is_plain(t: pa.DataType) -> bool:
+    """Whether an object column of type ``t`` gives its rows back as the Python values they were
+    (each distinct type checked once: every step of a training loop sends the same types)."""
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         return _is_plain(t.value_type)
     if pa.types.is_struct(t):
@@ -423,18 +428,18 @@ class Object:
         if values.ndim != 1:
             return None
         rows = values.tolist()
-        # ruled out on some rows is ruled out on all (a position only gains values): most JSON
-        # columns are ruled out on their first rows, before a pass over the whole column
-        if not _may_be_native(rows[:_FIRST_ROWS]):
-            return None
-        if census(rows, _NATIVE_TYPES, MAX_NESTING - 1) is None:
-            return None  # deeper than MAX_NESTING fields: Arrow's IPC format refuses it (pa.array crashes far deeper)
         plain = _plain_kind(rows)
         if plain is not None:  # exact str or bytes: they come back as they are
             try:
                 return _plain_array(rows, plain)
             except Exception:  # a lone surrogate is not text: another kind (JSON, pickle) keeps the rows
                 return None
+        # ruled out on some rows is ruled out on all (a position only gains values): most JSON
+        # columns are ruled out on their first rows, before a pass over the whole column
+        if not _may_be_native(rows[:_FIRST_ROWS]):
+            return None
+        if census(rows, _NATIVE_TYPES, MAX_NESTING - 1) is None:
+            return None  # deeper than MAX_NESTING fields: Arrow's IPC format refuses it (pa.array crashes far deeper)
         arrow_type = _native_type(rows)
         if arrow_type is None and not _may_be_native(rows):
             return None
@@ -452,6 +457,8 @@ class Object:
     def decode(array: pa.Array, dtype: np.dtype, row_shape: tuple[int, ...]) -> np.ndarray:
         _check(not row_shape, f"object columns are 1-D, got row shape {list(row_shape)}")
         _check(_is_plain(array.type), f"unsupported Arrow type for an object column: {array.type}")
+        if array.type in _TEXT_TYPES:  # the rows as str or bytes objects, converted in C
+            return array.to_numpy(zero_copy_only=False)
         return np.fromiter(array.to_pylist(), dtype=object, count=len(array))
 
 

@@ -213,7 +213,9 @@ def _buffer(t: torch.Tensor) -> pa.Buffer:
 
 def _tensor_state(t: torch.Tensor, leaf: _Leaf) -> tuple:
     """What :func:`array_state` gives for the column :func:`~arrow_dataproto._tensors.encode_tensor` makes of ``t``."""
-    t = t.detach().resolve_conj().resolve_neg().contiguous()
+    if t.is_conj() or t.is_neg():
+        t = t.resolve_conj().resolve_neg()
+    t = t.contiguous()  # autograd is no matter: only the memory is read
     rows = t.shape[0]
     if not leaf.listed:
         return rows, 0, 0, [None, _buffer(t)], []
