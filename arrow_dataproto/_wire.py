@@ -326,72 +326,49 @@ def _plan(schema_bytes: bytes) -> _DecodePlan | None:
         return None  # the full path raises what it raises for it
 
 
-def _raw(state: Any, values: int) -> Any:
-    """The buffer of a primitive column state of ``values`` values and nothing else, or ``None``."""
+def _parts(state: Any, length: int, buffers: int, children: int) -> tuple | None:
+    """``(buffers, children)`` of a column state of exactly ``length`` values at offset 0,
+    without nulls or a validity bitmap, with ``buffers`` buffers and ``children`` children;
+    ``None`` for any other state."""
     if type(state) is not tuple or len(state) != 5:
         return None
-    length, null_count, offset, buffers, children = state
-    if (
-        type(length) is not int
-        or length != values
-        or offset != 0
-        or type(offset) is not int
-        or null_count not in (0, -1)
-        or type(null_count) is not int
-        or type(buffers) not in (list, tuple)
-        or len(buffers) != 2
-        or buffers[0] is not None
-        or type(children) not in (list, tuple)
-        or children
-    ):
+    count, nulls, offset, found, kids = state
+    if not (type(count) is type(nulls) is type(offset) is int and count == length and offset == 0 and -1 <= nulls <= 0):
         return None
-    return buffers[1]
+    if type(found) not in (list, tuple) or len(found) != buffers or found[0] is not None:
+        return None
+    if type(kids) not in (list, tuple) or len(kids) != children:
+        return None
+    return found, kids
 
 
 def _dense_tensor(column: _Dense, state: Any, rows: int, views: dict[int, pa.Buffer]) -> torch.Tensor | None:
     """The tensor of one dense column state, viewing its buffer, or ``None`` where the
-    state is not exactly what the plan expects."""
+    state is not exactly what the plan expects (the layout the encoder writes, a buffer
+    holding at least the bytes of the shape)."""
     values = rows * column.width
     if column.listed:
-        if type(state) is not tuple or len(state) != 5:
-            return None
-        length, null_count, offset, buffers, children = state
-        if (
-            type(length) is not int
-            or length != rows
-            or type(offset) is not int
-            or offset != 0
-            or type(null_count) is not int
-            or null_count not in (0, -1)
-            or type(buffers) not in (list, tuple)
-            or len(buffers) != 1
-            or buffers[0] is not None
-            or type(children) not in (list, tuple)
-            or len(children) != 1
-        ):
-            return None
-        buffer = _raw(children[0], values)
+        outer = _parts(state, rows, 1, 1)
+        found = None if outer is None else _parts(outer[1][0], values, 2, 0)
     else:
-        buffer = _raw(state, values)
-    if buffer is None:
+        found = _parts(state, values, 2, 0)
+    if found is None:
         return None
+    buffer = found[0][1]
     buffer = views.get(id(buffer), buffer)
-    nbytes = values * column.itemsize
+    count = values * column.itemsize // column.dtype.itemsize
+    if count == 0:
+        return torch.empty((rows, *column.row_shape), dtype=column.dtype)
     try:
         memory = memoryview(buffer)
-        if memory.format != "B" or memory.ndim != 1:
+        if memory.ndim != 1 or memory.format not in ("b", "B"):
             memory = memory.cast("B")
-    except (TypeError, ValueError, BufferError):
+        tensor = torch.frombuffer(memory, dtype=column.dtype, count=count)
+    except (TypeError, ValueError, BufferError, RuntimeError):  # not a buffer, a strided one, too short
         return None
-    if memory.nbytes < nbytes:
-        return None
-    if nbytes == 0:
-        flat = torch.empty(0, dtype=torch.uint8)
-    else:
-        flat = torch.frombuffer(memory, dtype=torch.uint8, count=nbytes)
-        if flat.data_ptr() % column.dtype.itemsize:  # torch crashes on misaligned complex128
-            flat = flat.clone()
-    return flat.view(column.dtype).view(rows, *column.row_shape)
+    if tensor.data_ptr() % column.dtype.itemsize:  # torch crashes on misaligned complex128
+        tensor = torch.frombuffer(memory, dtype=torch.uint8, count=count * column.dtype.itemsize).clone().view(column.dtype)
+    return tensor.view(rows, *column.row_shape)
 
 
 def fast_parts(
