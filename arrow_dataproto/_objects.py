@@ -78,8 +78,6 @@ _PLAIN_TYPES: dict[type, tuple[pa.DataType, pa.DataType]] = {
     str: (pa.string(), pa.large_string()), bytes: (pa.binary(), pa.large_binary())
 }
 """The Arrow types that give exact ``str`` and ``bytes`` rows back exactly, by offset width."""
-_TEXT_TYPES = frozenset(t for types in _PLAIN_TYPES.values() for t in types)
-"""Those types as one set (an object column of one converts to ``str``/``bytes`` rows in C)."""
 _STRING_ROWS: dict[str, type] = {"U": str, "S": bytes}
 """What a numpy ``U`` / ``S`` array's rows are in Python (``tolist()``), which picks their Arrow types."""
 
@@ -457,8 +455,6 @@ class Object:
     def decode(array: pa.Array, dtype: np.dtype, row_shape: tuple[int, ...]) -> np.ndarray:
         _check(not row_shape, f"object columns are 1-D, got row shape {list(row_shape)}")
         _check(_is_plain(array.type), f"unsupported Arrow type for an object column: {array.type}")
-        if array.type in _TEXT_TYPES:  # the rows as str or bytes objects, converted in C
-            return array.to_numpy(zero_copy_only=False)
         return np.fromiter(array.to_pylist(), dtype=object, count=len(array))
 
 
