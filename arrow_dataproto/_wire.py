@@ -27,6 +27,7 @@ for the batches a training loop sends again and again, without changing a byte o
 from __future__ import annotations
 
 import math
+import threading
 import warnings
 from collections import OrderedDict
 from functools import lru_cache
@@ -203,7 +204,8 @@ class _EncodePlan(NamedTuple):
 
 _PLANS_KEPT = 64
 _encode_plans: OrderedDict[tuple, _EncodePlan] = OrderedDict()
-"""Structure key + object columns' fields + meta_info entries -> plan, the most recent kept."""
+"""Structure key + object columns' fields + meta_info entries -> plan, the last made kept."""
+_plans_lock = threading.Lock()
 
 
 def _buffer(t: torch.Tensor) -> pa.Buffer:
@@ -247,11 +249,11 @@ def fast_state(data: Any) -> tuple[bytes, int, list[tuple]] | None:
         state = batch_state(to_arrow(data))  # every check of the encoder, once per key
         plan = _EncodePlan(state[0], tuple(_dense_leaf(t) for t in leaves))  # type: ignore[misc]
         if len(plan.schema_bytes) <= _CACHED_SCHEMA_BYTES:
-            _encode_plans[key] = plan
-            if len(_encode_plans) > _PLANS_KEPT:
-                _encode_plans.popitem(last=False)
+            with _plans_lock:  # Ray serializes on several threads
+                _encode_plans[key] = plan
+                while len(_encode_plans) > _PLANS_KEPT:
+                    _encode_plans.popitem(last=False)
         return state
-    _encode_plans.move_to_end(key)
     columns = [_tensor_state(t, leaf) for t, leaf in zip(leaves, plan.leaves)]
     columns += [array_state(a) for a in arrays]
     return plan.schema_bytes, rows, columns

@@ -9,7 +9,10 @@ one object is ``pickle.dumps(protocol=5, buffer_callback=...)`` (what Ray does) 
   pickled as they are (bare bytes: what any form must at least do);
 - ``our DataProto``: :class:`arrow_dataproto.DataProto` (the Arrow form);
 - ``verl + install()``: verl's own ``DataProto`` under ``integrations.verl.install()`` (only
-  where verl imports: the compat venv).
+  where verl imports: the compat venv);
+- ``compact form``: our DataProto pickled as ``install()`` pickles verl's plain batches today
+  (``_compact``: each tensor's dtype, shape and bytes, object columns pickled as they are),
+  for the same batch where verl is not installed.
 
 The paths take turns in every round (in reverse order every other round); times are the
 median (best) of the rounds in milliseconds, ratios the median over the floor's::
@@ -17,6 +20,11 @@ median (best) of the rounds in milliseconds, ratios the median over the floor's:
     PYTHONPATH=$PWD python benchmarks/bench_wire.py                 # 16, 256 rows; 2 and 64 MiB
     PYTHONPATH=$PWD python benchmarks/bench_wire.py --gib           # and 1 GiB (about 4 GiB of memory)
     PYTHONPATH=$PWD python benchmarks/bench_wire.py --quick         # 16 and 256 rows, print only
+    PYTHONPATH=$PWD python benchmarks/bench_wire.py --rollout       # a verl rollout's object columns alone
+
+``--rollout``: the object columns of ``samples.verl_rollout`` (8,192 rows), the same way: as a
+DataProto without tensors (the Arrow form: native, JSON or pickled columns) against the numpy
+object arrays pickled whole (the floor; what the compact form does with them).
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import gc
 import pickle
 
 from batches import nbytes, ppo_batch
-from harness import arguments, command, interleaved, pair, ratio, save
+from harness import RESULTS, arguments, command, interleaved, pair, ratio, save
 from rivals import verl_unavailable_reason
 
 import arrow_dataproto as adp
@@ -36,12 +44,14 @@ def _dumps(obj) -> tuple[bytes, list]:
 
 
 def _floor(td, non_tensor, meta) -> dict:
-    return {"tensors": {k: v.numpy() for k, v in td.items()}, "non_tensor_batch": non_tensor, "meta_info": meta}
+    tensors = {} if td is None else {k: v.numpy() for k, v in td.items()}
+    return {"tensors": tensors, "non_tensor_batch": non_tensor, "meta_info": meta}
 
 
 def _paths(td, non_tensor, meta) -> dict:
     """Each path's object, built once (the timing is of pickling it, not of building it)."""
-    paths = {"floor": _floor(td, non_tensor, meta), "our DataProto": adp.DataProto(td, non_tensor, meta)}
+    ours = adp.DataProto(td, non_tensor, meta)
+    paths = {"floor": _floor(td, non_tensor, meta), "our DataProto": ours, "compact form": _Compact(ours)}
     if verl_unavailable_reason() is None:
         from verl.protocol import DataProto
 
@@ -50,6 +60,19 @@ def _paths(td, non_tensor, meta) -> dict:
         verl.install()
         paths["verl + install()"] = DataProto(batch=td, non_tensor_batch=non_tensor, meta_info=meta)
     return paths
+
+
+class _Compact:
+    """Our DataProto pickled in the compact form (``integrations.verl.rebuild_compact``)."""
+
+    def __init__(self, data):
+        self.data = data
+
+    def __reduce_ex__(self, protocol):
+        from arrow_dataproto import _compact
+        from arrow_dataproto.integrations import verl
+
+        return verl.rebuild_compact, (adp.DataProto, _compact.state(self.data))
 
 
 def _round_trip(obj):
@@ -63,7 +86,7 @@ def run(cases, repeats: int) -> list[tuple]:
     rows = []
     for case_name, build in cases:
         td, non_tensor, meta = build()
-        print(f"\n{case_name}: {nbytes(td) / 2**20:.1f} MiB of tensors", flush=True)
+        print(f"\n{case_name}: {0 if td is None else nbytes(td) / 2**20:.1f} MiB of tensors", flush=True)
         paths = _paths(td, non_tensor, meta)
         timings = interleaved({name: (lambda o=o: _round_trip(o), None) for name, o in paths.items()}, repeats, alternate=True)
         for name, timing in timings.items():
@@ -99,8 +122,21 @@ def _rows_for(mib: int) -> int:
 def main() -> None:
     args = arguments(
         __doc__, "wire.md", repeats=200, quick="16 and 256 rows",
-        more=lambda p: p.add_argument("--gib", action="store_true", help="also a 1 GiB batch"),
+        more=lambda p: (
+            p.add_argument("--gib", action="store_true", help="also a 1 GiB batch"),
+            p.add_argument("--rollout", action="store_true", help="a verl rollout's object columns alone"),
+        ),
     )
+    if args.rollout:
+        from arrow_dataproto.testing.samples import verl_rollout
+
+        def rollout():
+            _, non_tensor, meta = verl_rollout(8192, 16, 16)
+            return None, {k: v for k, v in non_tensor.items() if v.dtype == object}, meta
+
+        rows = run([("verl rollout, object columns, 8192 rows", rollout)], 3 if args.quick else max(5, args.repeats // 20))
+        save(table(rows, command("bench_wire.py")), None if args.quick else RESULTS / "wire_rollout.md")
+        return
     cases = [
         ("PPO 16x(256+256)", lambda: ppo_batch(16, 256, 256)),
         ("PPO 256x(256+256)", lambda: ppo_batch(256, 256, 256)),
