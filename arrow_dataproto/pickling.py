@@ -299,12 +299,16 @@ def rebuild_dataproto(schema_bytes: bytes, num_rows: int, columns: list[tuple]):
     come from :func:`unpickling_options` (which may raise glibc's heap thresholds).
     """
     options = unpickling_options()
-    columns, received = _received_tensors(columns)
-    on_write = options.copy_on_write_views and not received
+    # A state with tensors for buffers (Ray Direct Transport) is never one the plans take
+    # (a tensor exports no buffer): looked for only when they do not.
+    received = False
+    on_write = options.copy_on_write_views
     parts = fast_parts(schema_bytes, num_rows, columns, device=options.device, copy=options.copy is True, private=on_write)
     if parts is not None:
         data = assemble(DataProto, *parts)
     else:
+        columns, received = _received_tensors(columns)
+        on_write = on_write and not received
         record_batch = batch_from_state(schema_bytes, num_rows, columns, private=on_write)
         data = from_arrow(record_batch, device=options.device, copy=options.copy is True, allow_pickle=True)
     if on_write or received:  # numpy views of private buffers would be read-only: give writable copies

@@ -154,3 +154,15 @@ def test_an_object_column_of_another_length_is_a_decode_error():
     assert column[0] == ROWS
     with pytest.raises(adp.DecodeError):
         pickling.rebuild_dataproto(*corrupt)
+
+
+def test_a_state_with_tensors_for_buffers_is_left_to_the_full_path():
+    """Ray Direct Transport hands buffers over as uint8 tensors: the plans never take them (the
+    full path turns them back into buffers, and the tensors view them)."""
+    data = _dense_batch()
+    state = pickling.batch_state(adp.to_arrow(data))
+    as_tensors = [pickling._map_buffers(c, pickling._as_tensor) for c in state[2]]
+    for private in (False, True):
+        assert _wire.fast_parts(state[0], state[1], as_tensors, device=None, copy=False, private=private) is None
+    with adp.receive_options(copy="on_write"):
+        assert_dataproto_equal(pickling.rebuild_dataproto(state[0], state[1], as_tensors), _resolved(data))
