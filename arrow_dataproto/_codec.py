@@ -245,14 +245,14 @@ class Placement:
             )
 
 
-def _unflatten(node: Node, tensors: Iterator[torch.Tensor], placement: Placement) -> TensorDict:
+def unflatten(node: Node, tensors: Iterator[torch.Tensor], placement: Placement) -> TensorDict:
     """The TensorDict of ``node``, its leaves taken from ``tensors`` in column order."""
     content: dict[str, Any] = {}
     for entry in node.entries:
         if isinstance(entry, str):
             content[entry] = next(tensors)
         else:
-            content[entry.key] = _unflatten(entry, tensors, placement)
+            content[entry.key] = unflatten(entry, tensors, placement)
     try:
         return TensorDict(content, batch_size=list(node.batch_size), device=placement(node.device))
     except (RuntimeError, ValueError, TypeError, IndexError) as e:
@@ -432,7 +432,7 @@ def decode(
         decoded_meta_info = _meta_info.decode_meta_info(metadata, allow_pickle=allow_pickle)
 
         _share_offsets(leaf_names, specs, tensors)
-        batch = None if tree is None else _unflatten(tree, iter(tensors), placement)
+        batch = None if tree is None else unflatten(tree, iter(tensors), placement)
         placement.warn()
     return Parts(batch, non_tensor, decoded_meta_info)
 

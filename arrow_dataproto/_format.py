@@ -550,16 +550,32 @@ class ArraySpec:
     row_shape: tuple[int, ...]
 
     def metadata(self, name: str) -> dict[str, str]:
-        return {KIND: self.kind, DTYPE: numpy_dtype_text(name, self.dtype), ROW_SHAPE: json.dumps(list(self.row_shape))}
+        """The field metadata of this spec (a new dict; the text is made once per distinct spec;
+        :class:`EncodeError` naming column ``name`` for a dtype that cannot be recorded)."""
+        try:
+            return dict(_array_spec_metadata(self))
+        except EncodeError:
+            numpy_dtype_text(name, self.dtype)  # raises, naming the column
+            raise
 
     @classmethod
     def parse(cls, meta: Mapping[str, str]) -> "ArraySpec":
         """Read a ``non_tensor_batch`` column's field metadata. Raises ``KeyError``,
         ``TypeError`` or ``ValueError`` (the column decoder names the column)."""
-        kind = meta[KIND]
-        dtype = numpy_dtype_of(meta[DTYPE])
-        row_shape = json.loads(meta[ROW_SHAPE])
-        if not (isinstance(row_shape, list) and None not in row_shape):
-            raise ValueError(f"bad row shape {str(row_shape)[:200]}")
-        check_row_shape(row_shape, "row shape")
-        return cls(kind, dtype, tuple(row_shape))
+        return _array_spec(meta[KIND], meta[DTYPE], meta[ROW_SHAPE])
+
+
+@lru_cache(maxsize=1024)
+def _array_spec_metadata(spec: ArraySpec) -> tuple[tuple[str, str], ...]:
+    return ((KIND, spec.kind), (DTYPE, numpy_dtype_text("", spec.dtype)), (ROW_SHAPE, json.dumps(list(spec.row_shape))))
+
+
+@lru_cache(maxsize=1024)
+def _array_spec(kind: str, dtype_text: str, row_shape_text: str) -> ArraySpec:
+    """:meth:`ArraySpec.parse` of one distinct metadata (errors are raised, not kept)."""
+    dtype = numpy_dtype_of(dtype_text)
+    row_shape = json.loads(row_shape_text)
+    if not (isinstance(row_shape, list) and None not in row_shape):
+        raise ValueError(f"bad row shape {str(row_shape)[:200]}")
+    check_row_shape(row_shape, "row shape")
+    return ArraySpec(kind, dtype, tuple(row_shape))

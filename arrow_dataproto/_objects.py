@@ -55,7 +55,7 @@ from __future__ import annotations
 import itertools
 import operator
 import pickle
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any, Callable, Mapping, Union
 
 import numpy as np
@@ -120,7 +120,10 @@ def _large(t: pa.DataType) -> pa.DataType:
     return t
 
 
+@lru_cache(maxsize=256)
 def _is_plain(t: pa.DataType) -> bool:
+    """Whether an object column of type ``t`` gives its rows back as the Python values they were
+    (each distinct type checked once: every step of a training loop sends the same types)."""
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         return _is_plain(t.value_type)
     if pa.types.is_struct(t):
@@ -423,18 +426,18 @@ class Object:
         if values.ndim != 1:
             return None
         rows = values.tolist()
-        # ruled out on some rows is ruled out on all (a position only gains values): most JSON
-        # columns are ruled out on their first rows, before a pass over the whole column
-        if not _may_be_native(rows[:_FIRST_ROWS]):
-            return None
-        if census(rows, _NATIVE_TYPES, MAX_NESTING - 1) is None:
-            return None  # deeper than MAX_NESTING fields: Arrow's IPC format refuses it (pa.array crashes far deeper)
         plain = _plain_kind(rows)
         if plain is not None:  # exact str or bytes: they come back as they are
             try:
                 return _plain_array(rows, plain)
             except Exception:  # a lone surrogate is not text: another kind (JSON, pickle) keeps the rows
                 return None
+        # ruled out on some rows is ruled out on all (a position only gains values): most JSON
+        # columns are ruled out on their first rows, before a pass over the whole column
+        if not _may_be_native(rows[:_FIRST_ROWS]):
+            return None
+        if census(rows, _NATIVE_TYPES, MAX_NESTING - 1) is None:
+            return None  # deeper than MAX_NESTING fields: Arrow's IPC format refuses it (pa.array crashes far deeper)
         arrow_type = _native_type(rows)
         if arrow_type is None and not _may_be_native(rows):
             return None

@@ -23,7 +23,6 @@ import logging
 import os
 import warnings
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Final, Literal, NamedTuple, Union
 
 import numpy as np
@@ -31,10 +30,12 @@ import pyarrow as pa
 import torch
 
 from . import _malloc, _shm
+from ._codec import check_device, to_arrow
 from ._compat import ray_external_transport
-from ._codec import check_device, record_batch_of, to_arrow
+from ._container import DataProto, assemble
 from ._decoding import from_arrow
-from .errors import DecodeError, OptionError, column_error
+from ._wire import batch_from_state, batch_state, fast_parts, fast_state, state_buffers
+from .errors import OptionError
 
 ON_WRITE: Final = "on_write"
 Copy = Union[bool, Literal["on_write"]]
@@ -184,107 +185,7 @@ def receive_options(*, copy: Copy | None = None, device: str | None = None):
         _block.reset(token)
 
 
-# ---------------------------------------------------------------- record batch <-> picklable state
-
-
-def _array_state(array: pa.Array) -> tuple:
-    """``(length, null_count, offset, buffers, children)`` of an array's storage (buffers stay pa.Buffer)."""
-    if isinstance(array.type, pa.BaseExtensionType):
-        array = array.storage
-    kind = array.type
-    if pa.types.is_struct(kind):
-        if array.offset:  # struct children are exposed pre-sliced: make the offset 0 first
-            array = pa.concat_arrays([array])
-        children = [array.field(i) for i in range(kind.num_fields)]
-    elif kind.num_fields:  # list, large_list, fixed_size_list
-        children = [array.values]
-    else:
-        children = []
-    buffers = array.buffers()[: kind.num_buffers]
-    return len(array), array.null_count, array.offset, buffers, [_array_state(c) for c in children]
-
-
-def _array(kind: pa.DataType, state: tuple, private: dict[int, pa.Buffer]) -> pa.Array:
-    storage_kind = kind.storage_type if isinstance(kind, pa.BaseExtensionType) else kind
-    length, null_count, offset, buffers, children = state
-    if pa.types.is_struct(storage_kind):
-        child_kinds = [storage_kind.field(i).type for i in range(storage_kind.num_fields)]
-    elif storage_kind.num_fields:
-        child_kinds = [storage_kind.value_type]
-    else:
-        child_kinds = []
-    if len(child_kinds) != len(children):
-        raise DecodeError(f"pickled column of type {kind} has {len(children)} children, expected {len(child_kinds)}")
-    # Integers pyarrow can take (not too large, not negative); from_arrow checks the rest.
-    if not (
-        all(type(n) is int for n in (length, null_count, offset))
-        and 0 <= length < 2**63
-        and 0 <= offset < 2**63
-        and -1 <= null_count <= length
-    ):
-        raise DecodeError(f"array of type {kind}: bad length {length!r}, null count {null_count!r} or offset {offset!r}")
-    buffers = [None if b is None else private.get(id(b)) or pa.py_buffer(b) for b in buffers]
-    child_arrays = [_array(k, c, private) for k, c in zip(child_kinds, children)] or None
-    storage = pa.Array.from_buffers(storage_kind, length, buffers, null_count, offset, child_arrays)
-    return pa.ExtensionArray.from_storage(kind, storage) if storage_kind is not kind else storage
-
-
-def _column(field: pa.Field, state: tuple, private: dict[int, pa.Buffer]) -> pa.Array:
-    """One pickled column's array; :class:`DecodeError` naming the column if its state is corrupt."""
-    try:
-        return _array(field.type, state, private)
-    except (pa.ArrowException, OSError, TypeError, ValueError) as e:
-        raise column_error(DecodeError, field.name, f"corrupt pickled column: {e}") from e
-
-
-def batch_state(record_batch: pa.RecordBatch) -> tuple[bytes, int, list[tuple]]:
-    """A picklable state of a RecordBatch whose buffers are ``pa.Buffer`` objects (out of band with protocol 5)."""
-    return (
-        record_batch.schema.serialize().to_pybytes(),
-        record_batch.num_rows,
-        [_array_state(c) for c in record_batch.columns],
-    )
-
-
-def _state_buffers(state: tuple) -> list:
-    """Every buffer object of a column state (a malformed state yields what it can; :func:`_array` rejects it)."""
-    if not (isinstance(state, tuple) and len(state) == 5):
-        return []
-    buffers, children = state[3], state[4]
-    found = [b for b in buffers if b is not None] if isinstance(buffers, (list, tuple)) else []
-    for child in children if isinstance(children, (list, tuple)) else ():
-        found += _state_buffers(child)
-    return found
-
-
-_CACHED_SCHEMA_BYTES = 64 * 1024
-"""Larger schemas (a large ``meta_info`` rides in the schema metadata) are parsed each time, not kept."""
-
-
-@lru_cache(maxsize=64)
-def _read_schema(schema_bytes: bytes) -> pa.Schema:
-    """The schema these bytes serialize (each distinct one parsed once: a training loop sends a few)."""
-    return pa.ipc.read_schema(pa.py_buffer(schema_bytes))
-
-
-def batch_from_state(schema_bytes: bytes, num_rows: int, columns: list[tuple], *, private: bool = False) -> pa.RecordBatch:
-    """Inverse of :func:`batch_state`: zero-copy over the buffers it is given, or,
-    with ``private=True``, over copy-on-write views (or copies) of them."""
-    if type(num_rows) is not int or not 0 <= num_rows < 2**63:
-        raise DecodeError(f"corrupt pickled DataProto: row count {str(num_rows)[:40]}")
-    try:
-        if type(schema_bytes) is bytes and len(schema_bytes) <= _CACHED_SCHEMA_BYTES:
-            schema = _read_schema(schema_bytes)
-        else:
-            schema = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
-        if len(columns) != len(schema):
-            raise DecodeError(f"pickled batch has {len(columns)} columns, its schema {len(schema)}")
-        views = _shm.private_views_by_id([b for c in columns for b in _state_buffers(c)]) if private else {}
-        return record_batch_of([_column(f, c, views) for f, c in zip(schema, columns)], schema, num_rows)
-    except (pa.ArrowException, OSError, TypeError, ValueError) as e:  # pyarrow: OSError for corrupt schema bytes
-        if isinstance(e, DecodeError):
-            raise
-        raise DecodeError(f"corrupt pickled DataProto: {e}") from e
+# ---------------------------------------------------------------- the picklable state: arrow_dataproto._wire
 
 
 # ---------------------------------------------------------------- Ray Direct Transport
@@ -330,12 +231,15 @@ def _as_buffer(buffer):
     return buffer
 
 
-def transport_state(record_batch: pa.RecordBatch) -> tuple[bytes, int, list[tuple]]:
-    """:func:`batch_state`, except under :func:`direct_transport`, where each non-empty
-    buffer is a ``uint8`` tensor viewing it, so that Ray's transport moves the bytes
-    and the object store gets only the schema and the integers. :func:`batch_from_state`
-    and :func:`rebuild_dataproto` take either form."""
-    schema_bytes, num_rows, columns = batch_state(record_batch)
+def transport_state(data) -> tuple[bytes, int, list[tuple]]:
+    """The pickled state of a DataProto (ours or verl's) or a TensorDict: :func:`batch_state`
+    of :func:`~arrow_dataproto.to_arrow` of it (made through the plans of :mod:`._wire` when
+    its tensors are dense CPU tensors: the same state), except under :func:`direct_transport`,
+    where each non-empty buffer is a ``uint8`` tensor viewing it, so that Ray's transport
+    moves the bytes and the object store gets only the schema and the integers.
+    :func:`batch_from_state` and :func:`rebuild_dataproto` take either form."""
+    state = fast_state(data)
+    schema_bytes, num_rows, columns = state if state is not None else batch_state(to_arrow(data))
     if direct_transport():
         columns = [_map_buffers(c, _as_tensor) for c in columns]
     return schema_bytes, num_rows, columns
@@ -343,14 +247,14 @@ def transport_state(record_batch: pa.RecordBatch) -> tuple[bytes, int, list[tupl
 
 def _received_tensors(columns: list) -> tuple[list, bool]:
     """The state with tensors (Ray Direct Transport) turned back into buffers, and whether there were any."""
-    found = any(isinstance(b, torch.Tensor) for c in columns for b in _state_buffers(c))
+    found = any(isinstance(b, torch.Tensor) for c in columns for b in state_buffers(c))
     return ([_map_buffers(c, _as_buffer) for c in columns] if found else columns), found
 
 
 def reduce_dataproto(data) -> tuple:
     """``__reduce_ex__`` value for a DataProto: rebuilt by :func:`rebuild_dataproto`
     (under Ray Direct Transport its buffers are tensors: see :func:`transport_state`)."""
-    return rebuild_dataproto, transport_state(to_arrow(data))
+    return rebuild_dataproto, transport_state(data)
 
 
 def _off_cpu(device: str | None) -> bool:
@@ -377,10 +281,18 @@ def rebuild_dataproto(schema_bytes: bytes, num_rows: int, columns: list[tuple]):
     come from :func:`unpickling_options` (which may raise glibc's heap thresholds).
     """
     options = unpickling_options()
-    columns, received = _received_tensors(columns)
-    on_write = options.copy_on_write_views and not received
-    record_batch = batch_from_state(schema_bytes, num_rows, columns, private=on_write)
-    data = from_arrow(record_batch, device=options.device, copy=options.copy is True, allow_pickle=True)
+    # A state with tensors for buffers (Ray Direct Transport) is never one the plans take
+    # (a tensor exports no buffer): looked for only when they do not.
+    received = False
+    on_write = options.copy_on_write_views
+    parts = fast_parts(schema_bytes, num_rows, columns, device=options.device, copy=options.copy is True, private=on_write)
+    if parts is not None:
+        data = assemble(DataProto, *parts)
+    else:
+        columns, received = _received_tensors(columns)
+        on_write = on_write and not received
+        record_batch = batch_from_state(schema_bytes, num_rows, columns, private=on_write)
+        data = from_arrow(record_batch, device=options.device, copy=options.copy is True, allow_pickle=True)
     if on_write or received:  # numpy views of private buffers would be read-only: give writable copies
         for key, values in data.non_tensor_batch.items():
             if values.dtype != object and not values.flags.writeable:

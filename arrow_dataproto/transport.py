@@ -36,7 +36,6 @@ from typing import Any, Callable, Sequence, SupportsIndex
 import torch
 from tensordict import TensorDict
 
-from ._codec import to_arrow
 from ._optional import require
 from ._container import DataProto
 from .errors import DataProtoError, OptionError
@@ -72,7 +71,7 @@ class Parcel:
         return [Parcel(piece, copy=self.copy, device=self.device) for piece in _split(self.data, chunks)]
 
     def __reduce_ex__(self, protocol: SupportsIndex):
-        return _unpack, (self.copy, self.device, *transport_state(to_arrow(self.data)))
+        return _unpack, (self.copy, self.device, *transport_state(self.data))
 
     def __repr__(self) -> str:
         return f"Parcel({self.data!r}, copy={self.copy}, device={self.device!r})"

@@ -18,7 +18,7 @@ from hypothesis import given
 from tensordict import TensorDict
 
 import arrow_dataproto as adp
-from arrow_dataproto import pickling
+from arrow_dataproto import _wire, pickling
 from test_codec import PROPERTY_SETTINGS, absent_device, leaves, with_field_metadata, with_schema_metadata
 from arrow_dataproto.testing import assert_dataproto_equal, sample_dataproto
 from arrow_dataproto.testing.strategies import dataprotos
@@ -305,12 +305,16 @@ def test_corrupt_pickled_state_is_a_decode_error(corrupt):
 def test_schemas_are_parsed_once_but_large_ones_are_not_kept():
     """A training loop's few schemas are parsed once; a schema made large by its meta_info
     (which rides in the schema metadata) is parsed each time and not kept in memory."""
-    pickling._read_schema.cache_clear()
+    _wire._read_schema.cache_clear()
+    _wire._plan.cache_clear()
     small = adp.DataProto.from_dict({"a": torch.arange(4)}, meta_info={"step": 1})
     for _ in range(3):
         assert pickle.loads(pickle.dumps(small, protocol=5)).meta_info == {"step": 1}
-    info = pickling._read_schema.cache_info()
-    assert (info.misses, info.hits, info.currsize) == (1, 2, 1)
+    info = _wire._read_schema.cache_info()
+    assert (info.misses, info.currsize) == (1, 1)  # parsed once: the decode plan of the schema is kept
+    plans = _wire._plan.cache_info()
+    assert (plans.misses, plans.hits, plans.currsize) == (1, 2, 1)
     large = adp.DataProto.from_dict({"a": torch.arange(4)}, meta_info={"notes": "x" * 200_000})
     assert pickle.loads(pickle.dumps(large, protocol=5)).meta_info == {"notes": "x" * 200_000}
-    assert pickling._read_schema.cache_info().currsize == 1
+    assert _wire._read_schema.cache_info().currsize == 1
+    assert _wire._plan.cache_info().currsize == 1

@@ -184,7 +184,6 @@ def serialize(td: Any) -> tuple:
     Arrow record batch state (buffers out of band; tensors under Ray Direct Transport),
     its non-tensor leaves and key order in band. A TensorDict the codec refuses travels
     as tensordict's own pickle bytes instead."""
-    from .._codec import to_arrow
     from ..pickling import transport_state
 
     found: list = []
@@ -193,7 +192,7 @@ def serialize(td: Any) -> tuple:
     try:
         if not any(True for _ in tensors.keys(include_nested=True, leaves_only=True)):
             raise DataProtoError("no tensor leaf")
-        state = transport_state(to_arrow(tensors))
+        state = transport_state(tensors)
     except DataProtoError:
         return (_PICKLE, pickle.dumps(td, protocol=pickle.HIGHEST_PROTOCOL))
     return (_FORMAT, *state, found, order if found else None)

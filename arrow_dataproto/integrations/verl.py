@@ -213,10 +213,9 @@ def reduce_through_arrow(data: Any) -> tuple:
     """The Arrow form of a patched DataProto's reduction, named :func:`rebuild`: what
     ``__reduce_ex__`` gives for content the compact state does not take (and what a
     benchmark calls to compare the two forms on the same object)."""
-    from .._codec import to_arrow
     from ..pickling import transport_state
 
-    return rebuild, (type(data), *transport_state(to_arrow(data)))
+    return rebuild, (type(data), *transport_state(data))
 
 
 def rebuild(cls: type, schema_bytes: bytes, num_rows: int, columns: list[tuple]) -> Any:
