@@ -61,3 +61,43 @@ def test_a_file_rewritten_by_a_promotion_verifies(tmp_path, options):
             with files.open_file(copy, verify=True) as reader:
                 assert reader.verify() > 0
                 assert [len(reader.read_batch(i)) for i in range(reader.num_batches)] == [1, 2, 3, 1]
+
+
+# ---------------------------------------------------------------- datasets of mixed minor versions
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+@pytest.mark.parametrize("kind", ["sample", "kinds", "pickled"])
+def test_a_dataset_mixes_minor_versions_of_one_major(kind, tmp_path):
+    """Issue 48, 5: golden files of 1.0-1.2 beside a 1.3 file were refused ("adp.version: 1.3,
+    expected 1.0"), though each opens alone and format.md accepts every minor of the major."""
+    paths = sorted(DATA.glob(f"golden-v1.*-{kind}.arrow"))
+    assert [p.name[8:11] for p in paths] == ["1.0", "1.1", "1.2", "1.3"]
+    written = tmp_path / "now.arrow"
+    files.copy_file(paths[0], written)  # a copy keeps its source's version
+    with files.open_dataset([*paths, written], allow_pickle=True) as reader:
+        i = 0
+        for path in [*paths, written]:
+            with files.open_file(path, allow_pickle=True) as alone:
+                for j in range(alone.num_batches):
+                    assert_dataproto_equal(reader.read_batch(i), alone.read_batch(j))
+                    i += 1
+        assert i == reader.num_batches > 5
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for path in paths:
+        (folder / path.name).write_bytes(path.read_bytes())
+    with files.open_dataset(folder, allow_pickle=True) as reader:
+        assert len(reader.files) == 4 and len(reader.read_all()) > 0
+
+
+def test_a_dataset_still_refuses_another_major_or_a_malformed_version(tmp_path):
+    source = DATA / "golden-v1.3-sample.arrow"
+    for version, error in ((b"2.3", adp.FormatVersionError), (b"1.x", adp.DecodeError)):
+        data = source.read_bytes()
+        assert data.count(b"1.3") >= 2
+        other = tmp_path / f"v{version.decode()}.arrow"
+        other.write_bytes(data.replace(b"\x03\x00\x00\x001.3", b"\x03\x00\x00\x00" + version))
+        with pytest.raises(error):
+            files.open_dataset([source, other])
