@@ -85,7 +85,10 @@ class DataProto:
         tensors = dict(tensors or {})
         batch = None
         if tensors:
-            sizes = {key: tuple(t.shape[:1]) for key, t in tensors.items()}
+            bad = [key for key, t in tensors.items() if not isinstance(t, torch.Tensor)]
+            if bad:
+                raise ArgumentTypeError(f"tensors {bad} are not torch.Tensors")
+            sizes = {key: (t.size(0),) if t.dim() else () for key, t in tensors.items()}  # (a strided nested tensor has no .shape)
             if len(set(sizes.values())) > 1:
                 raise BatchError(f"Not all the tensors in tensors have the same batch size: {sizes}")
             batch = TensorDict(tensors, batch_size=list(next(iter(sizes.values()))))

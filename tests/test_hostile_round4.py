@@ -8,10 +8,13 @@ CLI on other tools' files.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
+import torch
 
 import arrow_dataproto as adp
 from arrow_dataproto import files
@@ -101,3 +104,83 @@ def test_a_dataset_still_refuses_another_major_or_a_malformed_version(tmp_path):
         other.write_bytes(data.replace(b"\x03\x00\x00\x001.3", b"\x03\x00\x00\x00" + version))
         with pytest.raises(error):
             files.open_dataset([source, other])
+
+
+# ---------------------------------------------------------------- the CLI on other tools' files, concat
+
+
+def _foreign_file(path: Path, table: pa.Table, stream: bool = False) -> Path:
+    with (pa.ipc.new_stream if stream else pa.ipc.new_file)(path, table.schema) as writer:
+        writer.write_table(table)
+    return path
+
+
+_FOREIGN_COLUMNS = {
+    "i64": pa.array([1, 2, 3]),
+    "u64": pa.array([1, 2**63, 3], pa.uint64()),
+    "f": pa.array([1.5, float("nan"), None]),
+    "b": pa.array([True, None, False]),
+    "map": pa.array([[("a", 1)], [("b", 2), ("c", 3)], None], pa.map_(pa.string(), pa.int64())),
+    "lists": pa.array([[1], [], None], pa.list_(pa.int32())),
+    "tensor": pa.FixedShapeTensorArray.from_numpy_ndarray(np.arange(12, dtype=np.float32).reshape(3, 2, 2)),
+    "s": pa.array(["a", None, "c"]),
+    "struct": pa.array([{"x": 1}, None, {"x": 3}]),
+}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_inspect_of_another_tools_file_of_every_column_type(stream, tmp_path, capsys):
+    """Round three leftovers: ``inspect --stats`` raised KeyError on an int64 column of another
+    tool's file (read as a tensor, looked up among the non-tensor columns), and ``inspect``
+    AttributeError on a map column (its layout looked up ``value_type``)."""
+    from arrow_dataproto.cli import main
+
+    path = _foreign_file(tmp_path / "foreign.arrow", pa.table(_FOREIGN_COLUMNS), stream)
+    assert main(["inspect", str(path)]) == 0
+    assert main(["inspect", "--stats", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    info = json.loads(out[out.index("{\n") :])
+    stats = {c["name"]: c["stats"] for c in info["columns"]}
+    assert stats["i64"] == {"min": 1.0, "mean": 2.0, "max": 3.0, "nan": 0}
+    assert stats["u64"]["max"] == float(2**63)
+    assert stats["f"] == {"min": 1.5, "mean": 1.5, "max": 1.5, "nan": 1}  # the null left out
+    assert stats["b"] == {"min": 0.0, "mean": 0.5, "max": 1.0, "nan": 0}
+    assert stats["lists"] == {"min": 1.0, "mean": 1.0, "max": 1.0, "nan": 0}
+    assert stats["tensor"]["max"] == 11.0
+    assert stats["map"] is stats["s"] is stats["struct"] is None
+    rows = {c["name"]: c["row_lengths"] for c in info["columns"]}
+    assert rows["map"] == {"min": 0, "median": 1.0, "max": 2}
+
+
+def _jagged(*lengths: int, width: int | None = None) -> torch.Tensor:
+    rows = [torch.arange(n * (width or 1), dtype=torch.float32).reshape((n, width) if width else (n,)) for n in lengths]
+    return torch.nested.nested_tensor(rows, layout=torch.jagged)
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        [_jagged(2, 3), torch.ones(2, 3)],
+        [torch.ones(2, 3), _jagged(2, 3), torch.zeros(0, 5)],
+        [_jagged(2, 3, width=4), torch.zeros(1, 5, 4), torch.nested.nested_tensor([torch.ones(1, 4)])],
+        [torch.zeros(1, 5, 4), torch.nested.nested_tensor([torch.ones(2, 4), torch.ones(3, 5)])],
+    ],
+)
+def test_concat_of_pieces_of_different_layouts(pieces):
+    """Round three leftover: ``DataProto.concat`` of a jagged piece with a dense 2-D piece raised
+    AttributeError ('Tensor' object has no attribute 'lengths'). The rows of every piece join
+    as rows of the most general layout (jagged, else strided nested)."""
+    data = [adp.DataProto.from_dict({"x": p, "y": p}) for p in pieces]
+    got = adp.DataProto.concat(data).batch
+    rows = [r for p in pieces for r in p.unbind()]
+    assert [torch.equal(a, b) for a, b in zip(got["x"].unbind(), rows)] == [True] * len(rows) and len(got) == len(rows)
+    if got["x"].layout == torch.jagged:
+        assert got["x"].offsets() is got["y"].offsets()  # one ragged structure still
+        assert torch.equal((got["x"] * got["y"]).values(), got["x"].values() ** 2)
+
+
+@pytest.mark.parametrize("other", [torch.ones(2), torch.ones(2, 3, 5), _jagged(1, 2)])
+def test_concat_of_rows_that_do_not_fit_is_the_librarys_error(other):
+    first = adp.DataProto.from_dict({"x": _jagged(2, 3, width=4)})
+    with pytest.raises(adp.BatchError):
+        adp.DataProto.concat([first, adp.DataProto.from_dict({"x": other})])
