@@ -9,12 +9,14 @@ CLI on other tools' files.
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from tensordict import LazyStackedTensorDict, TensorDict, tensorclass
 
 import arrow_dataproto as adp
 from arrow_dataproto import files
@@ -184,3 +186,84 @@ def test_concat_of_rows_that_do_not_fit_is_the_librarys_error(other):
     first = adp.DataProto.from_dict({"x": _jagged(2, 3, width=4)})
     with pytest.raises(adp.BatchError):
         adp.DataProto.concat([first, adp.DataProto.from_dict({"x": other})])
+
+
+# ---------------------------------------------------------------- nested collections under the tensordict integration
+
+
+@tensorclass
+class Observation:
+    pixels: torch.Tensor
+    step: torch.Tensor
+
+
+class RolloutTD(TensorDict):
+    pass
+
+
+def _same_collection(a, b) -> None:
+    """``b`` is ``a``: classes, stacking (stack dimension, the stacked TensorDicts), keys in order, leaves bit for bit."""
+    assert type(a) is type(b), (type(a), type(b))
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8) if a.dtype.is_complex else a, b.view(torch.uint8) if b.dtype.is_complex else b)
+        return
+    assert a.batch_size == b.batch_size and list(a.keys()) == list(b.keys())
+    if isinstance(a, LazyStackedTensorDict):
+        assert a.stack_dim == b.stack_dim and len(a.tensordicts) == len(b.tensordicts)
+        for x, y in zip(a.tensordicts, b.tensordicts):
+            _same_collection(x, y)
+        return
+    for key in a.keys():
+        _same_collection(a.get(key), b.get(key))
+
+
+def _nested_cases() -> dict:
+    some_keys = LazyStackedTensorDict(
+        TensorDict({"obs": torch.ones(3), "bonus": torch.arange(2)}, []), TensorDict({"obs": torch.zeros(3)}, []), stack_dim=0
+    )
+    shapes = LazyStackedTensorDict(TensorDict({"v": torch.ones(2)}, []), TensorDict({"v": torch.ones(5)}, []), stack_dim=0)
+    dim1 = LazyStackedTensorDict(
+        TensorDict({"a": torch.ones(2, 3)}, [2]), TensorDict({"a": torch.zeros(2, 3), "b": torch.ones(2)}, [2]), stack_dim=1
+    )
+    t = torch.arange(2)
+    return {
+        "lazy stack, different keys": TensorDict({"steps": some_keys, "t": t}, [2]),
+        "lazy stack, different shapes": TensorDict({"steps": shapes, "t": t}, [2]),
+        "lazy stack on dim 1": TensorDict({"steps": dim1, "t": t}, [2]),
+        "tensorclass": TensorDict({"obs": Observation(pixels=torch.ones(2, 2), step=t, batch_size=[2]), "t": t}, [2]),
+        "subclass": TensorDict({"sub": RolloutTD({"q": torch.ones(2)}, [2]), "t": t}, [2]),
+        "two levels down": TensorDict({"outer": TensorDict({"steps": some_keys}, [2]), "t": t}, [2]),
+    }
+
+
+@pytest.mark.parametrize("name", list(_nested_cases()))
+def test_nested_collections_keep_their_class_and_stacking_under_the_tensordict_integration(name):
+    """Issue 48, 2 and 3: a TensorDict holding a lazy stack came back as a plain TensorDict of the
+    shared keys (the other keys dropped, stack_dim and .tensordicts lost), a nested tensorclass or
+    subclass as a TensorDict, and a lazy stack of different shapes raised torch's RuntimeError from
+    the serializer. ``serialize`` is what Ray calls under install()."""
+    from arrow_dataproto.integrations import tensordict as adp_td
+
+    td = _nested_cases()[name]
+    back = adp_td.rebuild(pickle.loads(pickle.dumps(adp_td.serialize(td), protocol=5)))
+    _same_collection(td, back)
+
+
+def test_what_neither_path_serializes_is_the_librarys_error():
+    from tensordict import NonTensorData
+
+    from arrow_dataproto.integrations import tensordict as adp_td
+
+    stack = LazyStackedTensorDict(TensorDict({"f": NonTensorData(lambda: 0)}, []), TensorDict({"g": torch.ones(1)}, []), stack_dim=0)
+    with pytest.raises(adp.EncodeError, match="neither"):
+        adp_td.serialize(TensorDict({"s": stack, "t": torch.arange(2)}, [2]))
+
+
+def test_conjugate_and_negative_views_in_a_tensordict_are_exact():
+    from arrow_dataproto.integrations import tensordict as adp_td
+
+    z = torch.complex(torch.arange(3.0), torch.ones(3))
+    td = TensorDict({"conj": z.conj(), "neg": torch._neg_view(torch.arange(3.0)), "plain": z}, [3])
+    back = adp_td.rebuild(pickle.loads(pickle.dumps(adp_td.serialize(td))))
+    for key in td.keys():
+        assert torch.equal(back[key].resolve_conj().resolve_neg(), td[key].resolve_conj().resolve_neg())
