@@ -267,3 +267,14 @@ def test_conjugate_and_negative_views_in_a_tensordict_are_exact():
     back = adp_td.rebuild(pickle.loads(pickle.dumps(adp_td.serialize(td))))
     for key in td.keys():
         assert torch.equal(back[key].resolve_conj().resolve_neg(), td[key].resolve_conj().resolve_neg())
+
+
+@pytest.mark.parametrize("cut", [1, 3])
+def test_a_fallback_state_cut_short_is_a_decode_error(cut):
+    """Found by the fuzzer's ``views`` target: tensordict's-pickle fallback state cut to its tag
+    raised IndexError from rebuild."""
+    from arrow_dataproto.integrations import tensordict as adp_td
+
+    state = adp_td.serialize(_nested_cases()["subclass"])
+    with pytest.raises(adp.DecodeError):
+        adp_td.rebuild(state[:cut] if cut < len(state) else (*state, b"more"))

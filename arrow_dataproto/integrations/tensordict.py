@@ -235,6 +235,8 @@ def rebuild(state: tuple) -> Any:
     if not (isinstance(state, tuple) and state and state[0] in (_FORMAT, _PICKLE)):
         raise DecodeError(f"not a TensorDict state of arrow-dataproto: {type(state).__name__} {str(state)[:60]}")
     if state[0] == _PICKLE:
+        if len(state) != 2 or not isinstance(state[1], (bytes, bytearray)):
+            raise DecodeError(f"TensorDict fallback state of {len(state)} items, expected the tag and tensordict's pickle bytes")
         return pickle.loads(state[1])
     if len(state) != 6:
         raise DecodeError(f"TensorDict state of {len(state)} items, expected 6")
