@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -278,3 +279,88 @@ def test_a_fallback_state_cut_short_is_a_decode_error(cut):
     state = adp_td.serialize(_nested_cases()["subclass"])
     with pytest.raises(adp.DecodeError):
         adp_td.rebuild(state[:cut] if cut < len(state) else (*state, b"more"))
+
+
+# ---------------------------------------------------------------- the same classes, drawn (hypothesis)
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from arrow_dataproto.testing import strategies as adp_st  # noqa: E402
+
+DRAWN = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+
+@dataclass
+class _VerlLike:
+    batch: object = None
+    non_tensor_batch: dict = field(default_factory=dict)
+    meta_info: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return 0 if self.batch is None else self.batch.batch_size[0]
+
+
+def _resolved_rows(t: torch.Tensor) -> list[torch.Tensor]:
+    if t.is_nested:
+        offsets, values = t.offsets(), t.values()
+        return [values[int(offsets[i]) : int(offsets[i + 1])].resolve_conj().resolve_neg() for i in range(len(offsets) - 1)]
+    return list(t.resolve_conj().resolve_neg().unbind())
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.dim() else t.reshape(1).view(torch.uint8)
+
+
+@DRAWN
+@given(st.integers(1, 4).flatmap(adp_st.nested_collections))
+def test_drawn_nested_collections_through_the_tensordict_integration(td):
+    from arrow_dataproto.integrations import tensordict as adp_td
+
+    _same_collection(td, adp_td.rebuild(pickle.loads(pickle.dumps(adp_td.serialize(td), protocol=5))))
+
+
+@DRAWN
+@given(st.integers(1, 4).flatmap(lambda n: st.tuples(adp_st.conjugate_views([n]), adp_st.sliced_jagged_pairs(n))))
+def test_drawn_views_and_sliced_offsets_through_every_pickle(drawn):
+    from arrow_dataproto.integrations import verl as adp_verl
+
+    view, pair = drawn
+    td = TensorDict({"v": view, **pair}, batch_size=[view.shape[0]])
+    adp_verl.install(_VerlLike)
+    try:
+        for cls in (_VerlLike, adp.DataProto):
+            for protocol in (2, 5):
+                back = pickle.loads(pickle.dumps(cls(td, {}, {}), protocol=protocol)).batch
+                for key in td.keys():
+                    got, want = _resolved_rows(back[key]), _resolved_rows(td[key])
+                    assert len(got) == len(want) and all(x.dtype == y.dtype and torch.equal(_bits(x), _bits(y)) for x, y in zip(got, want))
+                assert back["a"].shape == back["b"].shape  # still one ragged structure (one nested int)
+    finally:
+        adp_verl.uninstall(_VerlLike)
+
+
+@DRAWN
+@given(adp_st.evolving_plans(), st.sampled_from([{}, {"compression": "zstd"}, {"portable": True}]))
+def test_drawn_rewrites_under_checksums_verify(tmp_path_factory, plan, options):
+    pytest.importorskip("xxhash")
+    path = tmp_path_factory.mktemp("plan") / "x.arrow"
+    files.write_file(path, plan, checksums=True, **options)
+    with files.open_file(path, verify=True) as reader:
+        assert reader.verify() > 0
+        for i, dp in enumerate(plan):
+            assert_dataproto_equal(reader.read_batch(i), dp)
+
+
+@DRAWN
+@given(adp_st.minor_versions)
+def test_drawn_minor_versions_read_as_one_dataset(tmp_path_factory, version):
+    folder = tmp_path_factory.mktemp("minor")
+    source = DATA / "golden-v1.3-sample.arrow"
+    (folder / "a.arrow").write_bytes(source.read_bytes())
+    (folder / "b.arrow").write_bytes(source.read_bytes().replace(b"\x03\x00\x00\x001.3", b"\x03\x00\x00\x00" + version.encode()))
+    with files.open_dataset(folder) as reader, files.open_file(source) as alone:
+        n = alone.num_batches
+        for i in range(n):
+            assert_dataproto_equal(reader.read_batch(i), reader.read_batch(n + i))
