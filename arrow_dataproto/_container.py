@@ -268,7 +268,10 @@ class DataProto:
         """Concatenate along rows (one copy), as the first piece's class.
 
         Every piece must have a batch or none, and the same batch and non-tensor keys
-        (in any order; the first piece's order is kept). ``meta_info="merge"`` (verl's):
+        (in any order; the first piece's order is kept). A key whose tensors differ in layout
+        from piece to piece joins as the most general one: jagged if any piece's is (every
+        other piece's rows become its rows), else strided nested if any is; rows that do not
+        fit (another rank or fixed size) raise :class:`BatchError`. ``meta_info="merge"`` (verl's):
         ``metrics`` of all pieces (each a dict or a list of dicts) become one dict of
         lists, any other key must have equal values wherever it appears (else
         :class:`BatchError`, an AssertionError). ``meta_info="update"``: the first
