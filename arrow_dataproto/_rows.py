@@ -100,7 +100,7 @@ def cat(tensors: list[torch.Tensor], shared: Shared | None = None) -> torch.Tens
             return offsets - offsets[0]
 
         # other pieces' offsets are new: they are keyed by their values
-        key = tuple(id(o) if alike else ("rows", *o.tolist()) for o, alike in zip(sources, same))
+        key = tuple(id(o) if alike else o.cpu().numpy().tobytes() for o, alike in zip(sources, same))
         offsets = _once(shared, ("cat", *key), tuple(o for o, alike in zip(sources, same) if alike), joined)
         return _jagged.build(torch.cat([v for v, _ in parts]), offsets, dim)
     if any(t.is_nested for t in tensors):
