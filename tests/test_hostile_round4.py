@@ -206,7 +206,10 @@ def _same_collection(a, b) -> None:
     """``b`` is ``a``: classes, stacking (stack dimension, the stacked TensorDicts), keys in order, leaves bit for bit."""
     assert type(a) is type(b), (type(a), type(b))
     if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8) if a.dtype.is_complex else a, b.view(torch.uint8) if b.dtype.is_complex else b)
+        def bits(t: torch.Tensor) -> torch.Tensor:  # bit for bit (a NaN equals itself)
+            return t.resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
+
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(bits(a), bits(b))
         return
     assert a.batch_size == b.batch_size and list(a.keys()) == list(b.keys())
     if isinstance(a, LazyStackedTensorDict):
