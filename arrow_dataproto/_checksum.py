@@ -152,17 +152,19 @@ def _batch_digest(batch: pa.RecordBatch, index: int, schema: str, custom: Mappin
     return digest(head + json.dumps([schema, metadata]).encode("utf-8", "surrogatepass"))
 
 
-def checksums(batch: pa.RecordBatch, index: int, schema: str) -> str:
+def checksums(batch: pa.RecordBatch, index: int, schema: str, custom: Mapping | None) -> str:
     """The ``adp.checksums`` value of ``batch``, batch ``index`` of a file whose schema is
-    ``schema`` (:func:`schema_text`): JSON of the algorithm and, per column, the digests of its
-    buffers (``columns``) and of its arrays' lengths (``nodes``), and the digest of the batch's
-    place, rows and metadata (``batch``; the batch's schema metadata is what the file records
-    for it)."""
+    ``schema`` (:func:`schema_text`), written with the custom metadata ``custom`` (what the
+    file records for it, and what :func:`verify` is given back; any ``adp.checksums`` in it is
+    left out): JSON of the algorithm and, per column, the digests of its buffers (``columns``)
+    and of its arrays' lengths (``nodes``), and the digest of the batch's place, rows and
+    ``custom`` (``batch``). ``batch.schema.metadata`` is not read: a batch read back from a
+    stream carries the stream's first metadata, not its own."""
     digest = _hasher()
     names, arrays = batch.schema.names, batch.columns
     columns = {name: _digests(column, digest) for name, column in zip(names, arrays)}
     nodes = {name: _node_digest(column, digest) for name, column in zip(names, arrays)}
-    whole = _batch_digest(batch, index, schema, batch.schema.metadata, digest)
+    whole = _batch_digest(batch, index, schema, custom, digest)
     return json.dumps({"algorithm": ALGORITHM, "columns": columns, "nodes": nodes, "batch": whole})
 
 

@@ -74,9 +74,9 @@ def _jagged_column(name: str, t: _jagged.JaggedTensor, shared: dict[int, int], i
         return None
     owner = shared.setdefault(id(offsets), index)  # the same ragged structure as an earlier column
     start, end = int(offsets[0]), int(offsets[-1])
-    if start != 0 or end != values.shape[0]:  # only this tensor's rows; its offsets are then its own
-        values, offsets, owner = values[start:end], offsets - start, index
-    values = values.contiguous()
+    if start != 0 or end != values.shape[0]:  # only this tensor's rows (offsets rebased alike for every sharer)
+        values, offsets = values[start:end], offsets - start
+    values = values.resolve_conj().resolve_neg().contiguous()  # (the bits resolved: a copy, as torch's own pickling makes)
     stored_offsets: Any = _raw(offsets.contiguous()) if owner == index else owner
     return name, dtype_name(t.dtype), tuple(values.shape), _raw(values), stored_offsets, ragged_idx(t)
 
@@ -108,7 +108,7 @@ def state(data: Any) -> tuple | None:
                 elif t.is_nested or t.layout != torch.strided or t.dim() == 0:
                     return None
                 else:
-                    t = t.contiguous()
+                    t = t.resolve_conj().resolve_neg().contiguous()  # a conjugate or negative view: resolved (a copy)
                     column = (name, dtype_name(t.dtype), tuple(t.shape), _raw(t), None, 0)
                 columns.append(column)
     for name, values in non_tensor.items():

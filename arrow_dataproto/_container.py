@@ -85,7 +85,10 @@ class DataProto:
         tensors = dict(tensors or {})
         batch = None
         if tensors:
-            sizes = {key: tuple(t.shape[:1]) for key, t in tensors.items()}
+            bad = [key for key, t in tensors.items() if not isinstance(t, torch.Tensor)]
+            if bad:
+                raise ArgumentTypeError(f"tensors {bad} are not torch.Tensors")
+            sizes = {key: (t.size(0),) if t.dim() else () for key, t in tensors.items()}  # (a strided nested tensor has no .shape)
             if len(set(sizes.values())) > 1:
                 raise BatchError(f"Not all the tensors in tensors have the same batch size: {sizes}")
             batch = TensorDict(tensors, batch_size=list(next(iter(sizes.values()))))
@@ -265,7 +268,10 @@ class DataProto:
         """Concatenate along rows (one copy), as the first piece's class.
 
         Every piece must have a batch or none, and the same batch and non-tensor keys
-        (in any order; the first piece's order is kept). ``meta_info="merge"`` (verl's):
+        (in any order; the first piece's order is kept). A key whose tensors differ in layout
+        from piece to piece joins as the most general one: jagged if any piece's is (every
+        other piece's rows become its rows), else strided nested if any is; rows that do not
+        fit (another rank or fixed size) raise :class:`BatchError`. ``meta_info="merge"`` (verl's):
         ``metrics`` of all pieces (each a dict or a list of dicts) become one dict of
         lists, any other key must have equal values wherever it appears (else
         :class:`BatchError`, an AssertionError). ``meta_info="update"``: the first

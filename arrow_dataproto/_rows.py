@@ -83,22 +83,51 @@ def row(t: torch.Tensor, i: int) -> torch.Tensor:
 
 
 def cat(tensors: list[torch.Tensor], shared: Shared | None = None) -> torch.Tensor:
-    """Concatenate along the batch dimension (one copy)."""
-    first = tensors[0]
-    if _jagged.is_jagged(first):
-        parts = [_jagged.parts(t) for t in tensors]
+    """Concatenate along the batch dimension (one copy). Pieces of different layouts join as
+    the most general one: with any jagged piece the result is jagged (ragged where the first
+    jagged piece is; the rows of every other piece become its rows), else with any strided
+    nested piece it is strided nested. Rows that do not fit (another rank, other fixed sizes,
+    dtype or device) raise ``ValueError`` or torch's ``RuntimeError``."""
+    jagged = next((t for t in tensors if _jagged.is_jagged(t)), None)
+    if jagged is not None:
+        dim = ragged_idx(jagged)
+        same = [_jagged.is_jagged(t) and ragged_idx(t) == dim for t in tensors]
+        parts = [_jagged.parts(t) if alike else _as_jagged_parts(t, jagged) for t, alike in zip(tensors, same)]
         sources = tuple(o for _, o in parts)
 
         def joined() -> torch.Tensor:
             shifts = torch.tensor([0] + [int(o[-1]) for o in sources[:-1]], device=sources[0].device).cumsum(0)
-            offsets = torch.cat([sources[0][:1]] + [o[1:] + s for o, s in zip(sources, shifts)])
+            offsets = torch.cat([sources[0][:1]] + [o[1:].to(sources[0].device) + s for o, s in zip(sources, shifts)])
             return offsets - offsets[0]
 
-        offsets = _once(shared, ("cat", *map(id, sources)), sources, joined)
-        return _jagged.build(torch.cat([v for v, _ in parts]), offsets, ragged_idx(first))
-    if first.is_nested:
+        # other pieces' offsets are new: they are keyed by their values
+        key = tuple(id(o) if alike else o.cpu().numpy().tobytes() for o, alike in zip(sources, same))
+        offsets = _once(shared, ("cat", *key), tuple(o for o, alike in zip(sources, same) if alike), joined)
+        return _jagged.build(torch.cat([v for v, _ in parts]), offsets, dim)
+    if any(t.is_nested for t in tensors):
+        first = tensors[0]
         return torch.nested.nested_tensor([r for t in tensors for r in t.unbind()], dtype=first.dtype, device=first.device)
     return torch.cat(tensors)
+
+
+def _as_jagged_parts(t: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(values, offsets)`` of the rows of ``t`` (dense, strided nested, or jagged elsewhere)
+    as rows of the jagged tensor ``like`` (values with its ragged dimension first). A copy."""
+    dim = ragged_idx(like) - 1  # the ragged dimension of a row
+    rows = list(t.unbind()) if t.is_nested else None
+    rank = (rows[0].dim() if rows else like.dim() - 1) if rows is not None else t.dim() - 1
+    if rank != like.dim() - 1:
+        raise ValueError(f"cannot concatenate rows of {rank} dimensions with jagged rows of {like.dim() - 1}")
+    if rows is None:  # dense: every row has the same length
+        length = t.shape[dim + 1]
+        values = t.movedim(dim + 1, 1).reshape(t.shape[0] * length, *[n for i, n in enumerate(t.shape[1:]) if i != dim])
+        lengths = torch.full((t.shape[0],), length, dtype=torch.int64)
+    else:
+        values = torch.cat([r.movedim(dim, 0) for r in rows]) if rows else t.new_empty(0)
+        lengths = torch.tensor([r.shape[dim] for r in rows], dtype=torch.int64)
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    return values, offsets.to(_jagged.parts(like)[1].device)
 
 
 def map_rows(td: Any, fn: Callable[[torch.Tensor], torch.Tensor], rows: int | None) -> TensorDict:

@@ -38,5 +38,6 @@ if [ -n "$compat_setup" ]; then
     trap - EXIT
     .venv-compat/bin/python -m pytest -n "$workers" -m "not slow" \
         tests/test_codec.py tests/test_protocol.py tests/test_pickling.py tests/test_dtypes.py \
-        tests/test_objects.py tests/test_verl.py tests/test_verl_parity.py tests/test_compact.py tests/test_wire.py
+        tests/test_objects.py tests/test_verl.py tests/test_verl_parity.py tests/test_compact.py \
+        tests/test_wire.py tests/test_hostile_round4.py
 fi

@@ -30,7 +30,9 @@ reported with the input that caused it. Targets:
     a flipped bit in any buffer must be a ``DecodeError``, never a different value.
 ``file-copy``, ``file-recover``, ``dataset``
     ``copy_file`` (a zstd file, copied to lz4), ``recover_file`` and ``open_dataset``
-    of the file's folder (with ``column_nbytes``), judged by reading the result.
+    of the file's folder (with ``column_nbytes``), judged by reading the result; the
+    dataset's folder also holds the file as an older minor version wrote it
+    (``adp.version`` 1.0), which must read as the file does.
 ``cli``
     ``inspect --json``, ``head`` and ``convert`` through ``cli.main`` inside the
     worker (a crash or hang still shows; an exit status of 1 with its error line is
@@ -53,8 +55,8 @@ reported with the input that caused it. Targets:
     whose columns or attrs were dropped: what parquet hands back is believed no more
     than IPC metadata.
 ``writer-fsize``, ``writer-kill``
-    a ``FileWriter`` writing a plan of four batches (a promotion rewrite at the second, a
-    refused third) under an ``RLIMIT_FSIZE`` drawn anywhere up to past the final size, or in
+    a ``FileWriter`` writing a plan of five batches (the second on fewer rows, a promotion
+    rewrite at the third, a refused fourth; a finished checksummed file must verify) under an ``RLIMIT_FSIZE`` drawn anywhere up to past the final size, or in
     a forked child that SIGKILLs itself after a drawn number of bytes: a batch whose write
     returned and is in neither the file nor what ``recover_file`` reads from a partial file,
     or a refused write that changed a partial file, is a finding (``unexpected:AssertionError``).
@@ -67,6 +69,12 @@ reported with the input that caused it. Targets:
 ``compact-views``
     the same, decoded as a state over ``_compact.COPY_UP_TO`` is (its buffers through
     ``_shm.private_views`` before any check: views or copies of them).
+``views``
+    a TensorDict drawn per case (conjugate and negative views, a conjugate jagged tensor,
+    jagged columns on one sliced offsets tensor, lazy stacks with different keys or shapes,
+    a tensorclass, a TensorDict subclass, nested or not) through the tensordict
+    integration's serializer, a verl-like class under ``install()`` and our DataProto's
+    pickle: given back exactly or refused with the library's error (strict).
 ``file-flip``, ``file-flip-zstd``, ``file-flip-portable``
     one byte anywhere in a checksummed file XORed with 1..255, read with ``verify=True``,
     ``verify()`` and ``read_all``: strict, so a decode that differs from the seed is a finding
@@ -167,12 +175,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 from golden import kinds_dataproto, pickled_dataproto  # tests/golden.py, next to this file
-from tensordict import TensorDict
+from tensordict import TensorDict, tensorclass
 
 import arrow_dataproto as adp
 from arrow_dataproto import files as adp_files
 from arrow_dataproto import pandas as adp_pandas
 from arrow_dataproto import _compact, _dtypes, pickling, verl_api
+from arrow_dataproto import _format as adp_format
 from arrow_dataproto.integrations import verl as adp_verl
 from arrow_dataproto.testing import assert_dataproto_equal, sample_dataproto, strict_equal
 
@@ -425,10 +434,25 @@ def _recovered(path: str, out: str) -> adp.DataProto:
     return adp_files.read_file(out)
 
 
+_VERSION_VALUE = b"\x03\x00\x00\x00" + adp_format.version_text().encode()  # adp.version's flatbuffer string
+
+
 def _dataset(path: str, out: str) -> adp.DataProto:
+    """``open_dataset`` of the file's folder, which also holds a copy of the file written by an
+    older minor version (its ``adp.version`` values set to ``1.0``, as they lie): the two must
+    read alike (format.md: a reader accepts every minor of its major; issue 48)."""
+    data = Path(path).read_bytes()
+    Path(path).with_name("older.arrow").write_bytes(data.replace(_VERSION_VALUE, b"\x03\x00\x00\x001.0"))
     with adp_files.open_dataset(os.path.dirname(path)) as reader:
         reader.column_nbytes()
-        return reader.read_all()
+        reader.read_all()
+        got = [reader.read_batch(i) for i in range(reader.num_batches)]
+    with adp_files.open_file(path) as alone:
+        assert len(got) == 2 * alone.num_batches, (len(got), alone.num_batches)
+        for i in range(alone.num_batches):  # case.arrow, then older.arrow
+            assert_dataproto_equal(alone.read_batch(i), got[i])
+            assert_dataproto_equal(got[i], got[alone.num_batches + i])
+        return alone.read_all()
 
 
 class CommandFailed(adp.DecodeError):
@@ -470,9 +494,9 @@ class Target:
 
 # ---------------------------------------------------------------- writer and integrity targets
 #
-# ``writer-fsize``: a FileWriter writes a plan of batches (the seed four times, with an object
-# column whose rows promote it to JSON at the second batch, a refused batch of tuples at the
-# third and JSON-compatible strings at the fourth) under an RLIMIT_FSIZE drawn anywhere between
+# ``writer-fsize``: a FileWriter writes a plan of batches (the seed five times, with an object
+# column of ints, ints on fewer rows, rows that promote it to JSON at the third batch, a refused
+# batch of tuples at the fourth and JSON-compatible strings at the fifth) under an RLIMIT_FSIZE drawn anywhere between
 # 0 and past the final size, so that the limit hits every call: the first write, a plain
 # write, the promotion rewrite, close. ``writer-kill``: the same plan in a forked child that
 # SIGKILLs itself once it has written a drawn number of bytes (during the promotion rewrite
@@ -488,7 +512,9 @@ class Target:
 
 
 def _evolving(dp: adp.DataProto) -> list[adp.DataProto]:
-    """The writer plan of a seed: four batches whose ``evolve`` column is promoted, refused, kept."""
+    """The writer plan of a seed: five batches whose ``evolve`` column is kept, kept on fewer
+    rows, promoted (rewriting two batches of different row counts: their checksums must cover
+    each one's own metadata, issue 48), refused, kept."""
     n = len(dp)
 
     def column(make: Callable[[int], Any]) -> np.ndarray:
@@ -497,8 +523,11 @@ def _evolving(dp: adp.DataProto) -> list[adp.DataProto]:
             out[i] = make(i)
         return out
 
-    values = [column(lambda i: i), column(lambda i: {"k": i}), column(lambda i: (i, i)), column(lambda i: f"s{i}")]
-    return [adp.DataProto(dp.batch, {**dp.non_tensor_batch, "evolve": v}, dp.meta_info) for v in values]
+    values = [column(lambda i: i), column(lambda i: i + 1), column(lambda i: {"k": i}), column(lambda i: (i, i)), column(lambda i: f"s{i}")]
+    plan = [adp.DataProto(dp.batch, {**dp.non_tensor_batch, "evolve": v}, dp.meta_info) for v in values]
+    if n > 1:
+        plan[1] = plan[1][: n - 1]
+    return plan
 
 
 def _plan_size(batches: list[adp.DataProto], options: dict) -> int:
@@ -626,13 +655,26 @@ def _run_writer_fsize(case: dict) -> adp.DataProto:
                 raise AssertionError(f"the refused batch {i} changed the partial files: {list(before)} -> {list(after)}")
         expected = _expected(batches, returned)
         if closed:
-            got = adp_files.read_file(path, allow_pickle=True)
+            got = _read_written(path, options)
             assert_dataproto_equal(expected if expected is not None else adp.DataProto(), got)
             return _seed_of(case)
         if os.path.exists(path):
             raise AssertionError("close failed, yet the target path was written")
         _recovered_from(folder, expected)
         raise _Cut(f"the writer failed at {limit} bytes; recover_file gave back all {len(returned)} returned batch(es)")
+
+
+def _read_written(path: str, options: dict) -> adp.DataProto:
+    """What a finished writer wrote, verified against its checksums if it recorded them (a
+    refusal of an intact file is a finding: ``unexpected:AssertionError``)."""
+    if not options.get("checksums"):
+        return adp_files.read_file(path, allow_pickle=True)
+    try:
+        with adp_files.open_file(path, verify=True, allow_pickle=True) as reader:
+            reader.verify()
+            return reader.read_all()
+    except adp.DecodeError as e:
+        raise AssertionError(f"the writer's own file fails its checksums: {e}") from e
 
 
 class _KillingFile:
@@ -698,7 +740,7 @@ def _run_writer_kill(case: dict) -> adp.DataProto:
         os.waitpid(pid, 0)
         returned = [b for b in report if b != ord("c")]
         if report.endswith(b"c") and os.path.exists(path):  # finished: the file has every returned batch
-            got = adp_files.read_file(path, allow_pickle=True)
+            got = _read_written(path, options)
             expected = _expected(batches, returned)
             assert_dataproto_equal(expected if expected is not None else adp.DataProto(), got)
             return _seed_of(case)
@@ -851,6 +893,13 @@ def targets() -> dict[str, Target]:
                 seeds=("verl-ppo", "compact-dtypes", "no-batch", "json"),
             )
         )
+    found.append(
+        Target(
+            "views", encode=_views_payload, decode=_views_round_trip,
+            mutate=lambda payload, rng, corpus, target: _mutate_views(payload, rng),
+            seeds=("no-batch",), strict=True, stack=False,
+        )
+    )
     found.append(
         Target(  # damaged verl pickles (load_from_disk(allow_pickle=True)): DecodeError, never a crash
             "verl-pickle",
@@ -1744,6 +1793,160 @@ def _json_foreign_targets() -> list[Target]:
             seeds=("foreign",),
         ),
     ]
+
+
+# ---------------------------------------------------------------- views and nested collections (issue 48)
+#
+# ``views``: a recipe drawn per case builds, from the seed's rows, a TensorDict holding some of:
+# a conjugate complex view, a negative view, a conjugate jagged tensor, two jagged columns on one
+# offsets tensor that is a slice of a longer one, a lazy stack of TensorDicts with different keys
+# or shapes (on dim 0 or 1), a tensorclass and a TensorDict subclass, nested one level down or not.
+# It goes through the verl integration (a verl-like class under install(), pickled with protocol
+# 5: the compact state, or whatever replaces it), through our DataProto's pickle, and through the
+# tensordict integration's serializer (what Ray calls): every path must give it back exactly
+# (classes, stacking, keys, bits, one ragged structure where there was one), or refuse with the
+# library's error; a serializer state cut short must be a DecodeError. A loss is
+# ``unexpected:AssertionError``; the case then returns the seed.
+
+
+@dataclass
+class _VerlLike:
+    """verl's DataProto in miniature (three fields), patched by ``integrations.verl.install``."""
+
+    batch: Any = None
+    non_tensor_batch: dict = field(default_factory=dict)
+    meta_info: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return 0 if self.batch is None else self.batch.batch_size[0]
+
+
+class _SubTD(TensorDict):
+    pass
+
+
+_VIEW_KINDS = ("conj", "neg", "conj-jagged", "sliced-offsets", "lazy-keys", "lazy-shapes", "lazy-dim1", "tensorclass", "subclass")
+
+
+def _views_payload(dp: adp.DataProto) -> dict:
+    return {"seed": dp, "recipe": None}
+
+
+def _mutate_views(payload: dict, rng: random.Random) -> tuple[dict, str]:
+    kinds = sorted(rng.sample(_VIEW_KINDS, rng.randint(1, 4)))
+    recipe = {"kinds": kinds, "rows": rng.randint(1, 6), "seed": rng.getrandbits(32), "nest": rng.random() < 0.3,
+              "cut": rng.randint(0, 5) if rng.random() < 0.15 else None}  # a serializer state cut short: refused
+    return {"seed": payload["seed"], "recipe": recipe}, f"views: {recipe}"
+
+
+@tensorclass
+class _Observation:
+    pixels: torch.Tensor
+    step: torch.Tensor
+
+
+def _views_batch(recipe: dict) -> tuple[TensorDict, bool]:
+    """The TensorDict of a recipe, and whether it holds only what a DataProto carries (no lazy
+    stack, tensorclass or subclass: those go through the tensordict integration alone)."""
+    from tensordict import LazyStackedTensorDict
+
+    n, g = recipe["rows"], torch.Generator().manual_seed(recipe["seed"])
+    content: dict[str, Any] = {}
+    lengths = torch.randint(0, 4, (n + 2,), generator=g)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    values = torch.randn(int(offsets[-1]) + 3, generator=g)
+    for kind in recipe["kinds"]:
+        if kind == "conj":
+            content["conj"] = torch.complex(torch.randn(n, 2, generator=g), torch.randn(n, 2, generator=g)).conj()
+        elif kind == "neg":
+            content["neg"] = torch._neg_view(torch.randn(n, 3, generator=g))
+        elif kind == "conj-jagged":
+            content["jconj"] = torch.nested.nested_tensor_from_jagged(torch.complex(values, -values).conj(), offsets[: n + 1])
+        elif kind == "sliced-offsets":
+            sliced = offsets[1 : n + 2]
+            content["a"] = torch.nested.nested_tensor_from_jagged(values, sliced)
+            content["b"] = torch.nested.nested_tensor_from_jagged(values * 2, sliced)
+        elif kind in ("lazy-keys", "lazy-shapes"):
+            tds = [TensorDict({"obs": torch.randn(2, generator=g)}, []) for _ in range(n)]
+            for i, td in enumerate(tds):
+                if kind == "lazy-keys" and i % 2 == 0:
+                    td["bonus"] = torch.arange(i + 1)
+                if kind == "lazy-shapes":
+                    td["v"] = torch.randn(i + 1, generator=g)
+            content[kind] = LazyStackedTensorDict(*tds, stack_dim=0)
+        elif kind == "lazy-dim1":
+            tds = [TensorDict({"x": torch.randn(n, generator=g), **({"y": torch.ones(n)} if i else {})}, [n]) for i in range(2)]
+            content[kind] = LazyStackedTensorDict(*tds, stack_dim=1)
+        elif kind == "tensorclass":
+            content[kind] = _Observation(pixels=torch.randn(n, 2, generator=g), step=torch.arange(n), batch_size=[n])
+        elif kind == "subclass":
+            content[kind] = _SubTD({"q": torch.randn(n, generator=g)}, [n])
+    td = TensorDict(content, batch_size=[n])
+    if recipe["nest"]:
+        td = TensorDict({"outer": td, "t": torch.arange(n)}, batch_size=[n])
+    plain = not any(k in recipe["kinds"] for k in ("lazy-keys", "lazy-shapes", "lazy-dim1", "tensorclass", "subclass"))
+    return td, plain
+
+
+def _resolved_rows(t: torch.Tensor) -> list[torch.Tensor]:
+    if t.is_nested:
+        offsets, values = t.offsets(), t.values()
+        return [values[int(offsets[i]) : int(offsets[i + 1])].resolve_conj().resolve_neg() for i in range(len(offsets) - 1)]
+    return list(t.resolve_conj().resolve_neg().unbind())
+
+
+def _same_views(a: Any, b: Any, where: str = "") -> None:
+    """``b`` is ``a``: classes, stacking, keys in order, leaves bit for bit (views resolved)."""
+    from tensordict import LazyStackedTensorDict
+
+    if type(a) is not type(b):
+        raise AssertionError(f"{where}: {type(b).__name__}, sent a {type(a).__name__}")
+    if isinstance(a, torch.Tensor):
+        got, want = _resolved_rows(b), _resolved_rows(a)
+        if len(got) != len(want) or not all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(got, want)):
+            raise AssertionError(f"{where}: other values")
+        return
+    if a.batch_size != b.batch_size or list(a.keys()) != list(b.keys()):
+        raise AssertionError(f"{where}: keys {list(b.keys())} {b.batch_size}, sent {list(a.keys())} {a.batch_size}")
+    if isinstance(a, LazyStackedTensorDict):
+        if a.stack_dim != b.stack_dim or len(a.tensordicts) != len(b.tensordicts):
+            raise AssertionError(f"{where}: stacking lost")
+        for i, (x, y) in enumerate(zip(a.tensordicts, b.tensordicts)):
+            _same_views(x, y, f"{where}[{i}]")
+        return
+    for key in a.keys():
+        _same_views(a.get(key), b.get(key), f"{where}.{key}")
+
+
+def _check_shared(td: Any, where: str) -> None:
+    inner = td["outer"] if "outer" in td.keys() else td
+    if "a" in inner.keys():
+        try:
+            inner["a"] * inner["b"]
+        except RuntimeError as e:
+            raise AssertionError(f"{where}: the two jagged columns no longer share their offsets: {e}") from None
+
+
+def _views_round_trip(payload: dict) -> adp.DataProto:
+    from arrow_dataproto.integrations import tensordict as adp_td
+
+    recipe = payload["recipe"]
+    if recipe is not None:
+        td, plain = _views_batch(recipe)
+        state = pickle.loads(pickle.dumps(adp_td.serialize(td), protocol=5))
+        if recipe.get("cut") is not None:
+            state = state[: min(recipe["cut"], len(state) - 1)]
+        back = adp_td.rebuild(state)
+        _same_views(td, back, "tensordict integration")
+        if plain:
+            adp_verl.install(_VerlLike)
+            for cls in (_VerlLike, adp.DataProto):
+                original = cls(td, {}, {})
+                for protocol in (2, 5):
+                    got = pickle.loads(pickle.dumps(original, protocol=protocol)).batch
+                    _same_views(td, got, f"{cls.__name__} protocol {protocol}")
+                    _check_shared(got, f"{cls.__name__} protocol {protocol}")
+    return payload["seed"]
 
 
 OWN_SEEDS: dict[str, Callable[[], adp.DataProto]] = {  # seeds of one target each (not in SEEDS: no other target uses them)

@@ -215,6 +215,23 @@ def test_what_the_codec_cannot_encode_falls_back_to_tensordict_pickling(ray_sess
     assert_same(td, ray.get(ray.put(td)))
 
 
+def test_a_nested_lazy_stack_keeps_its_keys_and_stacking_through_ray(ray_session, installed):
+    """Issue 48: stacked TensorDicts with different keys (or shapes) inside a TensorDict went through
+    Ray as a plain TensorDict of the shared keys (or raised torch's RuntimeError from ray.put)."""
+    from tensordict import LazyStackedTensorDict
+
+    steps = LazyStackedTensorDict(
+        TensorDict({"obs": torch.ones(3), "bonus": torch.arange(2), "v": torch.ones(1)}, []),
+        TensorDict({"obs": torch.zeros(3), "v": torch.ones(4)}, []),
+        stack_dim=0,
+    )
+    back = ray.get(ray.put(TensorDict({"steps": steps, "t": torch.arange(2)}, batch_size=[2])))
+    got = back["steps"]
+    assert type(got) is LazyStackedTensorDict and got.stack_dim == 0
+    assert [sorted(td.keys()) for td in got.tensordicts] == [["bonus", "obs", "v"], ["obs", "v"]]
+    assert torch.equal(got.tensordicts[0]["bonus"], torch.arange(2)) and got.tensordicts[1]["v"].shape == (4,)
+
+
 def test_a_malformed_state_is_a_decode_error():
     from arrow_dataproto import DecodeError
 

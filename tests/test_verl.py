@@ -661,3 +661,61 @@ def test_worker_group_benchmark_at_tiny_size(verl_dataproto, tmp_path):
     report = out.read_text()
     for mode in ("verl_default", "verl_numpy", "install", "floor"):
         assert f"| {mode} |" in report
+
+
+
+# ---------------------------------------------------------------- hostile content (issue 48)
+
+
+def _unusual_views(cls):
+    """A DataProto of ``cls`` holding a conjugate view, a negative view, a conjugate jagged tensor
+    and two jagged columns on one offsets tensor that is a slice of a longer one (rows 1..2 of a
+    jagged batch, taken without copying)."""
+    values = torch.arange(10.0)
+    sliced = torch.tensor([0, 1, 3, 6, 10])[1:4]
+    batch = TensorDict(
+        {
+            "conj": torch.complex(torch.arange(2.0), torch.ones(2)).conj(),
+            "neg": torch._neg_view(torch.arange(2.0)),
+            "jconj": torch.nested.nested_tensor_from_jagged(torch.complex(values, -values).conj(), torch.tensor([0, 2, 5])),
+            "a": torch.nested.nested_tensor_from_jagged(values, sliced),
+            "b": torch.nested.nested_tensor_from_jagged(values * 2, sliced),
+        },
+        batch_size=[2],
+    )
+    return cls(batch, {"uid": np.array(["x", "y"], dtype=object)}, {})
+
+
+def _rows(t: torch.Tensor) -> list[torch.Tensor]:
+    if t.is_nested:
+        offsets, values = t.offsets(), t.values()
+        return [values[int(offsets[i]) : int(offsets[i + 1])].resolve_conj().resolve_neg() for i in range(len(offsets) - 1)]
+    return list(t.resolve_conj().resolve_neg().unbind())
+
+
+def _assert_unusual_views_exact(original, back) -> None:
+    for key in original.batch.keys():
+        got, want = _rows(back.batch[key]), _rows(original.batch[key])
+        assert len(got) == len(want) and all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(got, want)), key
+    product = back.batch["a"] * back.batch["b"]  # still one ragged structure
+    assert [r.tolist() for r in product.unbind()] == [[2.0, 8.0], [18.0, 32.0, 50.0]]
+
+
+@pytest.mark.parametrize("protocol", [2, 5])
+def test_conjugate_negative_and_sliced_shared_jagged_views_pickle_exactly(standin, protocol):
+    """Issue 48, 3 and 4: under install() a conjugate or negative view raised torch's RuntimeError
+    from pickle.dumps ("view is not supported for conjugate view tensors"), and two jagged columns
+    on one sliced offsets tensor came back with offsets of their own (``a * b`` raised)."""
+    from arrow_dataproto import DataProto
+
+    adp_verl.install(standin)
+    for cls in (standin, DataProto):
+        original = _unusual_views(cls)
+        _assert_unusual_views_exact(original, pickle.loads(pickle.dumps(original, protocol=protocol)))
+
+
+@pytest.mark.verl
+def test_conjugate_negative_and_sliced_shared_jagged_views_pickle_exactly_in_verl(verl_dataproto):
+    adp_verl.install()
+    original = _unusual_views(verl_dataproto)
+    _assert_unusual_views_exact(original, pickle.loads(pickle.dumps(original, protocol=5)))

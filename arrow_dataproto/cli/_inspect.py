@@ -41,8 +41,31 @@ def _lengths_summary(lengths: list[np.ndarray]) -> dict | None:
     return {"min": int(every.min()), "median": float(np.median(every)), "max": int(every.max())}
 
 
+def _arrow_values(column: Any) -> np.ndarray | None:
+    """The numeric values of another tool's column (integers, floats, booleans, decimals, and
+    lists, fixed-size lists and tensors of them; nulls left out) as float64, or None for
+    any other type."""
+    import numpy as np
+    import pyarrow as pa
+
+    while True:
+        if pa.types.is_map(column.type):  # (a MapArray is a ListArray of key-value structs)
+            return None
+        if isinstance(column.type, pa.BaseExtensionType):
+            column = column.storage
+        elif isinstance(column, (pa.ListArray, pa.LargeListArray, pa.FixedSizeListArray, pa.ListViewArray, pa.LargeListViewArray)):
+            column = column.flatten()  # the values its rows hold (not those under null rows)
+        else:
+            break
+    kind = column.type
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind) or pa.types.is_decimal(kind)):
+        return None
+    return np.asarray(column.drop_null().to_numpy(zero_copy_only=False)).astype(np.float64)
+
+
 def _value_stats(reader: FileReader, info: ColumnInfo) -> dict | None:
-    """min / mean / max (and NaN count) of a numeric column's values, one batch at a time."""
+    """min / mean / max (and NaN count) of a numeric column's values, one batch at a time
+    (another tool's column from its Arrow values, nulls left out: see :func:`_arrow_values`)."""
     import numpy as np
     import torch
 
@@ -50,8 +73,13 @@ def _value_stats(reader: FileReader, info: ColumnInfo) -> dict | None:
         return None
     low, high, total, count, nans = float("inf"), float("-inf"), 0.0, 0, 0
     for i in range(reader.num_batches):
-        data = reader.read_batch(i, [info.name], meta_info=False)
-        if info.is_tensor:
+        if info.kind == "arrow":
+            found = _arrow_values(reader.read_arrow(i, [info.name]).column(0))
+            if found is None:
+                return None
+            values = found
+        elif info.is_tensor:
+            data = reader.read_batch(i, [info.name], meta_info=False)
             assert data.batch is not None  # a tensor column was read
             column = data.batch[tuple(info.name.split("."))]
             if column.is_nested:
@@ -61,7 +89,7 @@ def _value_stats(reader: FileReader, info: ColumnInfo) -> dict | None:
                 return None
             values = column.reshape(-1).to(torch.float64).numpy()
         else:
-            array = data.non_tensor_batch[info.name]
+            array = reader.read_batch(i, [info.name], meta_info=False).non_tensor_batch[info.name]
             if array.dtype.kind not in "biuf":
                 return None
             values = array.reshape(-1).astype(np.float64)

@@ -116,7 +116,8 @@ def open_dataset(
 
     Every file must have the columns of the first (:class:`SchemaMismatchError` names
     the file and the differences), compared in the stored form as :class:`FileWriter` compares
-    batches: portable and stored files (and IPC stream files) of the same batches mix.
+    batches: portable and stored files (and IPC stream files) of the same batches mix, and so do
+    files of different minor format versions (a reader accepts every minor of its major).
     ``options`` (a :class:`~arrow_dataproto.files.ReadOptions`) and ``keywords`` as in
     :func:`open_file`; ``schema`` and ``progress`` apply to the dataset as a whole. For Arrow-level
     filtering and scans, :meth:`~DatasetReader.arrow_dataset` gives a ``pyarrow.dataset``.

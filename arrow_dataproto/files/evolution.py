@@ -7,24 +7,29 @@ does the writing, :class:`~arrow_dataproto.files.DatasetReader` and the readers 
 from __future__ import annotations
 
 import json
+import re
 from typing import Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
 
-from .._format import DEVICE, DTYPE, FORMAT, KIND, OFFSETS_OF, PER_BATCH, ROW_SHAPE, Node, text_metadata
+from .._format import DEVICE, DTYPE, FORMAT, KIND, OFFSETS_OF, PER_BATCH, ROW_SHAPE, VERSION, Node, text_metadata
 from .._objects import JSON, OBJECT, PICKLE, decode_column, encode_as, json_type
 from ..errors import SchemaMismatchError
 
 
 def shared_metadata(metadata: dict[str, str]) -> dict[str, str]:
-    """What every batch of a file must share: the schema metadata except the per-batch
-    entries, plus the batch dimensions after the first and the TensorDict nesting (the
-    metadata as it is for another tool's schema, which has none of these)."""
+    """What every batch of a file (and every file of a dataset) must share: the schema
+    metadata except the per-batch entries, with ``adp.version`` as its major version only
+    (``1.x``: a reader accepts every minor of its major, ``docs/format.md``; a malformed
+    version as it is), plus the batch dimensions after the first and the TensorDict nesting
+    (the metadata as it is for another tool's schema, which has none of these)."""
     if FORMAT not in metadata:
         return dict(metadata)
     tree = Node.parse(metadata)
     shared = {k: v for k, v in metadata.items() if k not in PER_BATCH}
+    if VERSION in shared and re.fullmatch(r"[0-9]{1,9}\.[0-9]{1,9}", shared[VERSION]):
+        shared[VERSION] = shared[VERSION].partition(".")[0] + ".x"
     shared["batch dimensions after the first"] = json.dumps(None if tree is None else list(tree.batch_size[1:]))
     shared["TensorDict nesting"] = json.dumps([] if tree is None else tree.nesting())
     return shared

@@ -255,7 +255,10 @@ def _field_layout(t: pa.DataType) -> tuple[int, int, tuple[int, int, int] | None
         t = t.storage_type
     if pa.types.is_null(t):
         return 1, 0, None
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_map(t):
+    if pa.types.is_map(t):  # a list of struct<key, value> entries
+        key, item = _field_layout(t.key_type), _field_layout(t.item_type)
+        return 2 + key[0] + item[0], 3 + key[1] + item[1], (0, 1, 4)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
         nodes, buffers, _ = _field_layout(t.value_type)
         return 1 + nodes, 2 + buffers, (0, 1, 8 if pa.types.is_large_list(t) else 4)
     if pa.types.is_fixed_size_list(t):

@@ -193,12 +193,16 @@ class FileWriter:
         else:
             self._append(batch)
 
-    def _custom(self, written: pa.RecordBatch, index: int) -> dict[bytes, bytes]:
-        """The custom metadata of batch ``index`` (written form): its schema metadata, and its
-        checksums if this writer records them."""
-        custom = dict(written.schema.metadata or {})
+    def _custom(self, written: pa.RecordBatch, index: int, metadata: dict[bytes, bytes] | None = None) -> dict[bytes, bytes]:
+        """The custom metadata batch ``index`` (written form) is written with: ``metadata`` (by
+        default its schema metadata; a batch read back from a stream must pass its own) less
+        any old checksums, and, if this writer records them, the checksums of ``written`` with
+        that metadata. Every batch written (first, appended, rewritten, copied, recovered)
+        takes its metadata from here."""
+        custom = dict(written.schema.metadata or {}) if metadata is None else dict(metadata)
+        custom.pop(CHECKSUMS.encode(), None)
         if self.checksums:
-            record = _checksum.checksums(written, index, self._schema_text)
+            record = _checksum.checksums(written, index, self._schema_text, custom)
             custom[CHECKSUMS.encode()] = record.encode()
         return custom
 
@@ -284,10 +288,7 @@ class FileWriter:
                 if writer is None:
                     writer = self._new_writer(sink, written.schema)
                     self._schema_text = _checksum.schema_text(written.schema)
-                custom.pop(CHECKSUMS.encode(), None)
-                if self.checksums:
-                    custom[CHECKSUMS.encode()] = _checksum.checksums(written, index, self._schema_text).encode()
-                writer.write_batch(written, custom_metadata=custom)
+                writer.write_batch(written, custom_metadata=self._custom(written, index, custom))
                 index += 1
             written = self._form(batch)
             if writer is None:  # (a rewrite follows a batch: there is one to rewrite)

@@ -19,8 +19,9 @@ strided nested tensors, nested TensorDicts with their own batch sizes and device
 part), key order, device. What travels is the tree of keys, leaves, batch sizes
 and devices; dimension names, the lock and subclasses do not (only the exact class
 ``TensorDict`` is registered: a subclass, a ``LazyStackedTensorDict`` or a
-tensorclass keeps tensordict's own pickling). A TensorDict the codec cannot
-encode (no batch dimension, no tensor leaf) falls back to tensordict's pickling
+tensorclass keeps tensordict's own pickling, and so does a TensorDict holding one
+at any depth, whole). A TensorDict the codec cannot encode (no batch dimension, no
+tensor leaf, content torch refuses to view) falls back to tensordict's pickling
 inside the same object. Returned from an actor method declared with
 ``@ray.method(tensor_transport=...)``, the bytes travel as ``uint8`` tensors
 through Ray Direct Transport instead (see :func:`arrow_dataproto.pickling.direct_transport`).
@@ -50,7 +51,7 @@ import sys
 from typing import Any
 
 from .._optional import missing_dependency
-from ..errors import DataProtoError, MissingDependencyError
+from ..errors import DataProtoError, EncodeError, MissingDependencyError
 
 __all__ = ["RayNotFoundError", "install", "is_installed", "rebuild", "serialize", "uninstall"]
 
@@ -162,9 +163,16 @@ def is_installed() -> bool:
 # ---------------------------------------------------------------- the state
 
 
+class _NotExact(Exception):
+    """A nested collection the state cannot hold exactly (its class, its stacking): the whole
+    TensorDict keeps tensordict's own pickling."""
+
+
 def _non_tensors(td: Any, path: tuple, found: list) -> list:
-    """``td``'s key order, each nested TensorDict as ``(key, its order)``; its non-tensor leaves go to ``found``."""
-    from tensordict import is_tensor_collection
+    """``td``'s key order, each nested TensorDict as ``(key, its order)``; its non-tensor leaves go to ``found``.
+    Raises :class:`_NotExact` for a nested collection other than a plain ``TensorDict`` (a lazy
+    stack, a tensorclass, a subclass): the state would give it back as a plain TensorDict."""
+    from tensordict import TensorDict, is_tensor_collection
     from tensordict.utils import is_non_tensor
 
     order: list = []
@@ -173,6 +181,8 @@ def _non_tensors(td: Any, path: tuple, found: list) -> list:
             found.append((path + (key,), value))
             order.append(key)
         elif is_tensor_collection(value):
+            if type(value) is not TensorDict:
+                raise _NotExact(f"{'.'.join(map(str, path + (key,)))}: a {type(value).__name__}")
             order.append((key, _non_tensors(value, path + (key,), found)))
         else:
             order.append(key)
@@ -182,19 +192,25 @@ def _non_tensors(td: Any, path: tuple, found: list) -> list:
 def serialize(td: Any) -> tuple:
     """What Ray pickles for ``td`` (the registered serializer): ``td``'s tensors as an
     Arrow record batch state (buffers out of band; tensors under Ray Direct Transport),
-    its non-tensor leaves and key order in band. A TensorDict the codec refuses travels
-    as tensordict's own pickle bytes instead."""
+    its non-tensor leaves and key order in band. A TensorDict the state cannot hold exactly
+    travels as tensordict's own pickle bytes instead: one the codec refuses, one holding a
+    nested collection other than a plain ``TensorDict`` (a ``LazyStackedTensorDict``, a
+    tensorclass, a subclass), or any other error of the encoder (torch's on unusual
+    content). If tensordict's pickling fails too: :class:`~arrow_dataproto.EncodeError`."""
     from ..pickling import transport_state
 
     found: list = []
-    order = _non_tensors(td, (), found)
-    tensors = td.exclude(*[path for path, _ in found]) if found else td
     try:
+        order = _non_tensors(td, (), found)
+        tensors = td.exclude(*[path for path, _ in found]) if found else td
         if not any(True for _ in tensors.keys(include_nested=True, leaves_only=True)):
             raise DataProtoError("no tensor leaf")
         state = transport_state(tensors)
-    except DataProtoError:
-        return (_PICKLE, pickle.dumps(td, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception:  # the library's refusals, _NotExact, torch's errors: tensordict's own pickling
+        try:
+            return (_PICKLE, pickle.dumps(td, protocol=pickle.HIGHEST_PROTOCOL))
+        except Exception as e:
+            raise EncodeError(f"cannot serialize a TensorDict: neither arrow-dataproto nor tensordict's pickling takes it: {e!r}"[:500]) from e
     return (_FORMAT, *state, found, order if found else None)
 
 
@@ -219,6 +235,8 @@ def rebuild(state: tuple) -> Any:
     if not (isinstance(state, tuple) and state and state[0] in (_FORMAT, _PICKLE)):
         raise DecodeError(f"not a TensorDict state of arrow-dataproto: {type(state).__name__} {str(state)[:60]}")
     if state[0] == _PICKLE:
+        if len(state) != 2 or not isinstance(state[1], (bytes, bytearray)):
+            raise DecodeError(f"TensorDict fallback state of {len(state)} items, expected the tag and tensordict's pickle bytes")
         return pickle.loads(state[1])
     if len(state) != 6:
         raise DecodeError(f"TensorDict state of {len(state)} items, expected 6")

@@ -3,6 +3,12 @@
 Needs ``hypothesis`` (a test dependency). :func:`dataprotos` draws a whole
 DataProto; the other strategies draw its parts. Tensors hold random bytes, so
 every NaN payload can occur; views (permuted, strided, expanded) occur too.
+Hostile shapes of content have strategies of their own (issue 48): conjugate and
+negative views (:func:`conjugate_views`), jagged columns on one sliced offsets
+tensor (:func:`sliced_jagged_pairs`), lazy stacks, tensorclasses and TensorDict
+subclasses inside a TensorDict (:func:`nested_collections`), batches whose object
+column is widened or promoted part-way through a file (:func:`evolving_plans`) and
+format versions of this major (:data:`minor_versions`).
 """
 
 from __future__ import annotations
@@ -13,20 +19,26 @@ import math
 import numpy as np
 import torch
 from hypothesis import strategies as st
-from tensordict import TensorDict
+from tensordict import LazyStackedTensorDict, TensorDict, tensorclass
 
 from .._container import DataProto
 from .._dtypes import STORAGE
+from .._format import FORMAT_VERSION
 
 __all__ = [
     "DTYPES",
     "STRIDED_DTYPES",
+    "conjugate_views",
     "dataprotos",
     "dense_tensors",
+    "evolving_plans",
     "jagged_tensors",
     "meta_infos",
+    "minor_versions",
+    "nested_collections",
     "non_tensor_columns",
     "random_bits",
+    "sliced_jagged_pairs",
     "strided_nested_tensors",
     "tensordicts",
     "seeds",
@@ -178,3 +190,92 @@ def dataprotos(draw) -> DataProto:
         batch_size = [rows, *draw(st.lists(st.integers(0, 3), max_size=1))]
         batch = draw(tensordicts(batch_size))
     return DataProto(batch, draw(non_tensor_columns(rows)), draw(meta_infos))
+
+
+# ---------------------------------------------------------------- hostile content (issue 48)
+
+
+@st.composite
+def conjugate_views(draw, batch_size: list[int]) -> torch.Tensor:
+    """A tensor ``[*batch_size, ...]`` with torch's conjugate bit (a complex ``x.conj()``) or
+    negative bit (``torch._neg_view`` of a float or complex tensor), or a conjugate jagged tensor."""
+    dtype = draw(st.sampled_from([torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128]))
+    shape = [*batch_size, *draw(st.lists(st.integers(0, 3), max_size=2))]
+    t = random_bits(dtype, shape, draw(seeds))
+    if dtype.is_complex and draw(st.booleans()):
+        return t.conj()
+    return torch._neg_view(t)
+
+
+@st.composite
+def sliced_jagged_pairs(draw, rows: int) -> dict[str, torch.Tensor]:
+    """Two jagged tensors ``a`` and ``b`` of ``rows`` rows on one offsets tensor that is a slice
+    of a longer one (rows taken from a bigger jagged batch without copying): they share one
+    ragged structure (``a * b`` works where torch multiplies the dtype)."""
+    before, after = draw(st.integers(0, 3)), draw(st.integers(0, 3))
+    lengths = draw(st.lists(st.integers(0, 4), min_size=before + rows + after, max_size=before + rows + after))
+    offsets = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int64)
+    dtype = draw(st.sampled_from(DTYPES))
+    values = [random_bits(dtype, [int(offsets[-1]) + draw(st.integers(0, 2))], draw(seeds)) for _ in range(2)]
+    sliced = offsets[before : before + rows + 1]
+    return {name: torch.nested.nested_tensor_from_jagged(v, sliced) for name, v in zip("ab", values)}
+
+
+@tensorclass
+class _Observation:
+    """A tensorclass the strategies nest (module level: tensordict's pickling finds it)."""
+
+    pixels: torch.Tensor
+    step: torch.Tensor
+
+
+class _SubTD(TensorDict):
+    """A TensorDict subclass the strategies nest."""
+
+
+@st.composite
+def nested_collections(draw, rows: int) -> TensorDict:
+    """A TensorDict of ``rows`` rows holding, at depth 1 or 2, a ``LazyStackedTensorDict``
+    (stacked TensorDicts with different keys or shapes, on dimension 0 or 1), a tensorclass or
+    a TensorDict subclass, beside a dense column."""
+    kind = draw(st.sampled_from(["lazy-keys", "lazy-shapes", "lazy-dim1", "tensorclass", "subclass"]))
+    seed = draw(seeds)
+    if kind in ("lazy-keys", "lazy-shapes"):
+        tds = []
+        for i in range(rows):
+            td = TensorDict({"obs": random_bits(torch.float32, [2], (seed + i) % 2**32)}, [])
+            if kind == "lazy-keys" and draw(st.booleans()):
+                td["extra"] = torch.arange(i + 1)
+            if kind == "lazy-shapes":
+                td["v"] = random_bits(torch.float32, [draw(st.integers(0, 3))], seed ^ (i + 1))
+            tds.append(td)
+        inner: object = LazyStackedTensorDict(*tds, stack_dim=0) if tds else TensorDict({}, [0])
+    elif kind == "lazy-dim1":
+        tds = [TensorDict({"x": random_bits(torch.float32, [rows], seed), **({"y": torch.ones(rows)} if i else {})}, [rows]) for i in range(2)]
+        inner = LazyStackedTensorDict(*tds, stack_dim=1)
+    elif kind == "tensorclass":
+        inner = _Observation(pixels=random_bits(torch.float32, [rows, 2], seed), step=torch.arange(rows), batch_size=[rows])  # type: ignore[call-arg]
+    else:
+        inner = _SubTD({"q": random_bits(torch.int64, [rows], seed)}, [rows])
+    td = TensorDict({"nested": inner, "t": torch.arange(rows)}, batch_size=[rows])
+    return TensorDict({"outer": td}, batch_size=[rows]) if draw(st.booleans()) else td
+
+
+@st.composite
+def evolving_plans(draw) -> list[DataProto]:
+    """2-5 DataProtos of 1-4 rows each, with their own ``meta_info``, whose object column
+    ``x`` holds ints first and then, at a drawn batch, values that widen it (floats) or
+    promote it to JSON (dicts, mixed types): a file written from them is rewritten part-way."""
+    count = draw(st.integers(2, 5))
+    change = draw(st.integers(1, count - 1))
+    later = draw(st.sampled_from([[1.5, 2.0], [{"k": 1}, {"j": "x"}], ["text", 3, None]]))
+    plan = []
+    for i in range(count):
+        rows = draw(st.integers(1, 4))
+        values = [j + i for j in range(rows)] if i < change else [later[j % len(later)] for j in range(rows)]
+        plan.append(DataProto(None, {"x": _object_column(values)}, {"step": i, "note": "n" * draw(st.integers(0, 3))}))
+    return plan
+
+
+minor_versions = st.sampled_from([f"{FORMAT_VERSION[0]}.{minor}" for minor in range(FORMAT_VERSION[1] + 1)])
+"""A format version of this library's major (every minor up to the current one)."""
