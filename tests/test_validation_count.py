@@ -7,7 +7,7 @@ import torch
 from tensordict import TensorDict
 
 import arrow_dataproto as adp
-from arrow_dataproto import _codec, _validate
+from arrow_dataproto import _codec, _validate, _wire
 from arrow_dataproto.files import reader as file_reader
 
 
@@ -21,6 +21,7 @@ def calls(monkeypatch):
         return _validate.validate_arrow(*args, **kwargs)
 
     monkeypatch.setattr(_codec, "validate_arrow", counted)
+    monkeypatch.setattr(_wire, "validate_arrow", counted)  # the pickled state's planned read path
     monkeypatch.setattr(file_reader, "validate_arrow", counted)
     return seen
 
