@@ -1742,6 +1742,15 @@ def _logical_rows(column: pa.Array) -> list:
     return column.to_pylist(maps_as_pydicts="lossy")
 
 
+def _decoded_rows(value: Any) -> list:
+    """A decoded batch entry's rows as pyarrow gives a column's: a tensor's rows as lists, a
+    nested TensorDict's (what a struct of tensor columns decodes to) as dicts of its keys."""
+    if isinstance(value, TensorDict):
+        columns = {key: _decoded_rows(value[key]) for key in value.keys()}
+        return [{key: rows[i] for key, rows in columns.items()} for i in range(value.batch_size[0])]
+    return [t.tolist() for t in (value.unbind(0) if value.is_nested else value)]
+
+
 def _decode_foreign_checked(payload: bytes) -> adp.DataProto:
     """``from_ipc`` of another tool's stream; every column it decoded holds pyarrow's rows."""
     decoded = adp.from_ipc(payload)
@@ -1750,8 +1759,7 @@ def _decode_foreign_checked(payload: bytes) -> adp.DataProto:
         column = table.column(name).combine_chunks()
         expected = _logical_rows(column)
         if decoded.batch is not None and name in decoded.batch.keys():
-            tensor = decoded.batch[name]
-            got = [t.tolist() for t in (tensor.unbind(0) if tensor.is_nested else tensor)]
+            got = _decoded_rows(decoded.batch[name])
         elif name in decoded.non_tensor_batch:
             got = decoded.non_tensor_batch[name].tolist()
             if pa.types.is_timestamp(column.type) or pa.types.is_date(column.type) or pa.types.is_duration(column.type):
