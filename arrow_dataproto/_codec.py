@@ -244,6 +244,17 @@ class Placement:
                 stacklevel=4,
             )
 
+    def place(self, tensor: torch.Tensor, recorded: str | None, copy: bool) -> torch.Tensor:
+        """A decoded ``tensor`` (recorded on ``recorded``) on its device: moved off the CPU if
+        that is where it goes, else itself, or a private copy with ``copy`` (a jagged tensor's
+        values and offsets both copied)."""
+        target = self(recorded)
+        if target is not None and target.type != "cpu":
+            return tensor.to(target)
+        if copy:
+            return _jagged.clone(tensor) if _jagged.is_jagged(tensor) else tensor.clone()
+        return tensor
+
 
 def unflatten(node: Node, tensors: Iterator[torch.Tensor], placement: Placement) -> TensorDict:
     """The TensorDict of ``node``, its leaves taken from ``tensors`` in column order."""
@@ -408,15 +419,7 @@ def decode(
         for i, name in enumerate(leaf_names):
             spec = parsed.tensor_spec(i)
             specs.append(spec)
-            tensor = decode_tensor(name, record_batch.column(i), spec)
-            target = placement(spec.device)
-            if target is not None and target.type != "cpu":
-                tensor = tensor.to(target)
-            elif copy and _jagged.is_jagged(tensor):  # its clone() shares the offsets
-                tensor = _jagged.clone(tensor)
-            elif copy:
-                tensor = tensor.clone()
-            tensors.append(tensor)
+            tensors.append(placement.place(decode_tensor(name, record_batch.column(i), spec), spec.device, copy))
 
         non_tensor = {}
         for i in range(len(leaf_names), record_batch.num_columns):

@@ -414,14 +414,7 @@ def fast_parts(
         return None
     validate_arrow(object_batch)
     placement = Placement(device)
-    placed = []
-    for column, tensor in zip(plan.dense, tensors):
-        target = placement(column.device)
-        if target is not None and target.type != "cpu":
-            tensor = tensor.to(target)
-        elif copy:
-            tensor = tensor.clone()
-        placed.append(tensor)
+    placed = [placement.place(tensor, column.device, copy) for column, tensor in zip(plan.dense, tensors)]
     non_tensor = {}
     for i, field in enumerate(plan.objects):
         values = _objects.decode_column(field.name, object_batch.column(i), plan.object_metadata[i], allow_pickle=True)

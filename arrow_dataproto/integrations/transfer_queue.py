@@ -454,12 +454,8 @@ def _join(field: str, pieces: list, origins: list[list[int]], shared: dict) -> A
 def _unbind(piece: Any) -> list:
     """The rows of a tensor (dense or nested) or TensorDict piece."""
     if is_tensor_collection(piece):
-        return [_rows.map_rows(piece, functools.partial(_row, i=i), None) for i in range(piece.batch_size[0])]
+        return [_rows.map_rows(piece, functools.partial(_rows.row, i=i), None) for i in range(piece.batch_size[0])]
     return list(piece.unbind()) if piece.is_nested else list(piece.unbind(0))
-
-
-def _row(t: torch.Tensor, i: int) -> torch.Tensor:
-    return _rows.row(t, i)
 
 
 def _sources(origins: list[list[int]], what: list) -> str:
